@@ -1,0 +1,51 @@
+"""The REST API: `create_app(settings)` builds a Flask app over the shared job service."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from celery import Celery
+from flask import Flask
+from flask import current_app
+from sqlalchemy import orm
+
+from thinkbatch.db import make_engine
+from thinkbatch.db import make_sessionmaker
+from thinkbatch.queue import make_celery
+from thinkbatch.settings import Settings
+
+
+@dataclass(frozen=True)
+class Services:
+    settings: Settings
+    engine: sa.Engine
+    sessions: orm.sessionmaker[orm.Session]
+    celery: Celery
+
+
+def create_app(settings: Settings | None = None) -> Flask:
+    settings = settings or Settings()
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
+    app.json.sort_keys = False  # keep the documented field order
+    engine = make_engine(settings)
+    app.extensions["thinkbatch"] = Services(
+        settings=settings,
+        engine=engine,
+        sessions=make_sessionmaker(engine),
+        celery=make_celery(settings),
+    )
+
+    from api import errors
+    from api import health
+    from api import jobs
+
+    errors.init_app(app)
+    app.register_blueprint(health.bp)
+    app.register_blueprint(jobs.bp)
+    return app
+
+
+def services() -> Services:
+    return current_app.extensions["thinkbatch"]

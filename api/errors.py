@@ -1,0 +1,62 @@
+"""One error envelope for every 4xx and 5xx: {"error": {"type", "code", "message", "param"}}."""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Flask
+from flask import Response
+from flask import jsonify
+from sqlalchemy import exc as sa_exc
+from werkzeug.exceptions import HTTPException
+
+from thinkbatch.db import is_transient
+from thinkbatch.jobs import Conflict
+from thinkbatch.jobs import InvalidRequest
+from thinkbatch.jobs import NotFound
+from thinkbatch.schemas import ApiError
+
+log = logging.getLogger(__name__)
+
+
+def error_response(
+    status: int, type_: str, code: str, message: str, param: str | None = None
+) -> tuple[Response, int]:
+    body = ApiError(error=ApiError.Body(type=type_, code=code, message=message, param=param))
+    return jsonify(body.model_dump()), status
+
+
+def init_app(app: Flask) -> None:
+    @app.errorhandler(InvalidRequest)
+    def invalid(error: InvalidRequest) -> tuple[Response, int]:
+        return error_response(400, "invalid_request_error", error.code, error.message, error.param)
+
+    @app.errorhandler(NotFound)
+    def not_found(error: NotFound) -> tuple[Response, int]:
+        return error_response(404, "not_found", "job_not_found", f"no job {error.args[0]!r}")
+
+    @app.errorhandler(Conflict)
+    def conflict(error: Conflict) -> tuple[Response, int]:
+        return error_response(409, "conflict", "job_finished", str(error))
+
+    @app.errorhandler(HTTPException)
+    def http_error(error: HTTPException) -> tuple[Response, int]:
+        status = error.code or 500
+        kind = {404: "not_found", 409: "conflict"}.get(status, "invalid_request_error")
+        code = (error.name or "error").lower().replace(" ", "_")
+        return error_response(status, kind, code, error.description or error.name)
+
+    @app.errorhandler(sa_exc.DBAPIError)
+    def database_error(error: sa_exc.DBAPIError) -> tuple[Response, int]:
+        if is_transient(error):
+            log.warning("database unavailable: %s", error.orig)
+            return error_response(
+                503, "unavailable", "database_unavailable", "the database is unavailable; retry"
+            )
+        log.exception("database error")
+        return error_response(500, "server_error", "internal", "internal error")
+
+    @app.errorhandler(Exception)
+    def unexpected(error: Exception) -> tuple[Response, int]:
+        log.exception("unhandled error")
+        return error_response(500, "server_error", "internal", "internal error")

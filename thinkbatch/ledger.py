@@ -1,0 +1,524 @@
+"""Every state change of items, as fenced SQL on one connection. The worker, the sweeper and
+the API's cancel all go through here.
+
+Two rules keep this correct under concurrency:
+
+* A transaction that changes items first locks their job rows, in id order (`lock_jobs`). The
+  count triggers update those rows anyway; taking the locks up front, in one order, means two
+  transactions can never deadlock over them, and a cancel cannot interleave with a claim.
+* A write from a worker is fenced: it applies only while the item is still `running` under the
+  same `lease_owner` and `attempts` that the claim handed out. A late, duplicate or superseded
+  delivery therefore changes nothing, and an item holds at most one result (primary key).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from thinkbatch.models import ItemStatus
+from thinkbatch.models import JobStatus
+
+RUNNABLE = (JobStatus.queued.value, JobStatus.running.value)
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    id: int
+    job_id: uuid.UUID
+    seq: int
+    custom_id: str
+    messages: list[dict[str, Any]] | None
+    prompt: str | None
+    params: dict[str, Any] | None
+    attempt: int
+    crashes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """A finished generation, ready to store."""
+
+    item_id: int
+    job_id: uuid.UUID
+    attempt: int
+    thinking: str
+    answer: str
+    finish_reason: str
+    thinking_truncated: bool
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    item_id: int
+    job_id: uuid.UUID
+    attempt: int
+    code: str
+    message: str
+    retryable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class JobState:
+    id: uuid.UUID
+    status: str
+    expired: bool
+    pending: int
+    running: int
+    total: int
+    done: int
+
+
+def lock_jobs(conn: sa.Connection, job_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, JobState]:
+    ids = sorted(set(job_ids))
+    if not ids:
+        return {}
+    rows = conn.execute(
+        sa.text(
+            """
+            SELECT id, status, expires_at <= now() AS expired, pending, running, total,
+                   succeeded + failed + cancelled + expired AS done
+            FROM jobs WHERE id = ANY(:ids) ORDER BY id FOR NO KEY UPDATE
+            """
+        ),
+        {"ids": ids},
+    )
+    return {row.id: JobState(*row) for row in rows}
+
+
+def job_state(conn: sa.Connection, job_id: uuid.UUID) -> JobState | None:
+    row = conn.execute(
+        sa.text(
+            """
+            SELECT id, status, expires_at <= now() AS expired, pending, running, total,
+                   succeeded + failed + cancelled + expired AS done
+            FROM jobs WHERE id = :id
+            """
+        ),
+        {"id": job_id},
+    ).first()
+    return JobState(*row) if row else None
+
+
+_CLAIM = sa.text(
+    """
+    WITH picked AS (
+        SELECT id FROM items
+        WHERE job_id = :job_id AND status = 'pending' AND crashes = 0
+        ORDER BY seq LIMIT :n
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE items AS i SET
+        status = 'running', attempts = i.attempts + 1, lease_owner = :owner,
+        lease_expires_at = now() + make_interval(secs => :lease_s),
+        started_at = coalesce(i.started_at, now())
+    FROM picked WHERE i.id = picked.id
+    RETURNING i.id, i.job_id, i.seq, i.custom_id, i.messages, i.prompt, i.params,
+              i.attempts, i.crashes
+    """
+)
+
+# Items that were in flight when an engine or a worker died are suspects. They run apart, half
+# of the most-crashed ones at a time, so a poison item is cornered in a few engine deaths and
+# its batch-mates are not charged for it (see `release_crashed`).
+_CLAIM_SUSPECTS = sa.text(
+    """
+    WITH top AS (
+        SELECT max(crashes) AS crashes FROM items
+        WHERE job_id = :job_id AND status = 'pending' AND crashes > 0
+    ), ranked AS (
+        SELECT i.id FROM items AS i, top
+        WHERE i.job_id = :job_id AND i.status = 'pending' AND i.crashes = top.crashes
+        ORDER BY i.seq
+    ), picked AS (
+        SELECT id FROM items WHERE id IN (SELECT id FROM ranked)
+        ORDER BY seq
+        LIMIT greatest(1, ceil((SELECT count(*) FROM ranked) / 2.0))::int
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE items AS i SET
+        status = 'running', attempts = i.attempts + 1, lease_owner = :owner,
+        lease_expires_at = now() + make_interval(secs => :lease_s),
+        started_at = coalesce(i.started_at, now())
+    FROM picked WHERE i.id = picked.id
+    RETURNING i.id, i.job_id, i.seq, i.custom_id, i.messages, i.prompt, i.params,
+              i.attempts, i.crashes
+    """
+)
+
+
+def claim(
+    conn: sa.Connection,
+    job_id: uuid.UUID,
+    *,
+    owner: str,
+    n: int,
+    lease_s: float,
+    suspects: bool = False,
+) -> list[Claimed]:
+    """Lease up to `n` pending items of a runnable job (or one group of suspects) to `owner`."""
+    state = lock_jobs(conn, [job_id]).get(job_id)
+    if state is None or state.status not in RUNNABLE or state.expired or n <= 0:
+        return []
+    statement = _CLAIM_SUSPECTS if suspects else _CLAIM
+    params: dict[str, Any] = {"job_id": job_id, "owner": owner, "lease_s": lease_s}
+    if not suspects:
+        params["n"] = n
+    rows = conn.execute(statement, params).all()
+    if rows and state.status == JobStatus.queued:
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET status = 'running', started_at = coalesce(started_at, now()) "
+                "WHERE id = :id AND status = 'queued'"
+            ),
+            {"id": job_id},
+        )
+    claimed = [Claimed(*row) for row in rows]
+    claimed.sort(key=lambda c: c.seq)
+    return claimed
+
+
+def has_suspects(conn: sa.Connection, job_id: uuid.UUID) -> bool:
+    return bool(
+        conn.execute(
+            sa.text(
+                "SELECT EXISTS (SELECT 1 FROM items WHERE job_id = :id AND status = 'pending' "
+                "AND crashes > 0)"
+            ),
+            {"id": job_id},
+        ).scalar()
+    )
+
+
+_COMPLETE = sa.text(
+    """
+    WITH v AS (
+        SELECT * FROM unnest(
+            CAST(:item_ids AS bigint[]), CAST(:job_ids AS uuid[]), CAST(:attempts AS int[]),
+            CAST(:thinking AS text[]), CAST(:answers AS text[]), CAST(:finish AS text[]),
+            CAST(:truncated AS bool[]), CAST(:prompt_tokens AS int[]),
+            CAST(:completion_tokens AS int[]), CAST(:reasoning_tokens AS int[])
+        ) AS v(item_id, job_id, attempt, thinking, answer, finish_reason, thinking_truncated,
+               prompt_tokens, completion_tokens, reasoning_tokens)
+    ), done AS (
+        UPDATE items AS i SET
+            status = 'succeeded', finished_at = now(), lease_owner = NULL,
+            lease_expires_at = NULL, error_code = NULL, error_message = NULL
+        FROM v
+        WHERE i.id = v.item_id AND i.status = 'running' AND i.lease_owner = :owner
+          AND i.attempts = v.attempt
+        RETURNING i.id
+    )
+    INSERT INTO item_results (
+        item_id, job_id, attempt, thinking, answer, finish_reason, thinking_truncated,
+        prompt_tokens, completion_tokens, reasoning_tokens, worker_id)
+    SELECT v.item_id, v.job_id, v.attempt, v.thinking, v.answer, v.finish_reason,
+           v.thinking_truncated, v.prompt_tokens, v.completion_tokens, v.reasoning_tokens, :owner
+    FROM v JOIN done ON done.id = v.item_id
+    ON CONFLICT (item_id) DO NOTHING
+    RETURNING item_id
+    """
+)
+
+
+def complete(conn: sa.Connection, owner: str, done: Sequence[Done]) -> set[int]:
+    """Store results whose lease still stands; returns the ids that were stored."""
+    if not done:
+        return set()
+    lock_jobs(conn, (d.job_id for d in done))
+    rows = conn.execute(
+        _COMPLETE,
+        {
+            "owner": owner,
+            "item_ids": [d.item_id for d in done],
+            "job_ids": [d.job_id for d in done],
+            "attempts": [d.attempt for d in done],
+            # Postgres text cannot hold NUL; a model can emit it.
+            "thinking": [d.thinking.replace("\x00", "") for d in done],
+            "answers": [d.answer.replace("\x00", "") for d in done],
+            "finish": [d.finish_reason for d in done],
+            "truncated": [d.thinking_truncated for d in done],
+            "prompt_tokens": [d.prompt_tokens for d in done],
+            "completion_tokens": [d.completion_tokens for d in done],
+            "reasoning_tokens": [d.reasoning_tokens for d in done],
+        },
+    )
+    return {row.item_id for row in rows}
+
+
+_FAIL = sa.text(
+    """
+    UPDATE items AS i SET
+        status = CASE WHEN v.retryable AND i.attempts < :max_attempts
+                      THEN 'pending' ELSE 'failed' END,
+        finished_at = CASE WHEN v.retryable AND i.attempts < :max_attempts
+                           THEN NULL ELSE now() END,
+        lease_owner = NULL, lease_expires_at = NULL,
+        error_code = v.code, error_message = v.message
+    FROM unnest(CAST(:item_ids AS bigint[]), CAST(:attempts AS int[]), CAST(:codes AS text[]),
+                CAST(:messages AS text[]), CAST(:retryable AS bool[]))
+         AS v(item_id, attempt, code, message, retryable)
+    WHERE i.id = v.item_id AND i.status = 'running' AND i.lease_owner = :owner
+      AND i.attempts = v.attempt
+    RETURNING i.id, i.status
+    """
+)
+
+
+def fail(
+    conn: sa.Connection, owner: str, failed: Sequence[Failed], *, max_attempts: int
+) -> dict[int, str]:
+    """Record failures: retryable ones go back to pending until the attempt cap."""
+    if not failed:
+        return {}
+    lock_jobs(conn, (f.job_id for f in failed))
+    rows = conn.execute(
+        _FAIL,
+        {
+            "owner": owner,
+            "max_attempts": max_attempts,
+            "item_ids": [f.item_id for f in failed],
+            "attempts": [f.attempt for f in failed],
+            "codes": [f.code for f in failed],
+            "messages": [f.message[:4000] for f in failed],
+            "retryable": [f.retryable for f in failed],
+        },
+    )
+    return {row.id: row.status for row in rows}
+
+
+def end_items(
+    conn: sa.Connection,
+    owner: str,
+    items: Sequence[tuple[int, uuid.UUID, int]],
+    *,
+    status: ItemStatus,
+    code: str,
+    message: str,
+) -> int:
+    """End in-flight items of a cancelled or expired job (aborted in the engine)."""
+    if not items:
+        return 0
+    lock_jobs(conn, (job_id for _, job_id, _ in items))
+    result = conn.execute(
+        sa.text(
+            """
+            UPDATE items AS i SET status = :status, finished_at = now(), lease_owner = NULL,
+                lease_expires_at = NULL, error_code = :code, error_message = :message
+            FROM unnest(CAST(:item_ids AS bigint[]), CAST(:attempts AS int[]))
+                 AS v(item_id, attempt)
+            WHERE i.id = v.item_id AND i.status = 'running' AND i.lease_owner = :owner
+              AND i.attempts = v.attempt
+            """
+        ),
+        {
+            "status": status.value,
+            "code": code,
+            "message": message,
+            "owner": owner,
+            "item_ids": [i for i, _, _ in items],
+            "attempts": [a for _, _, a in items],
+        },
+    )
+    return result.rowcount
+
+
+def release(conn: sa.Connection, owner: str, items: Sequence[tuple[int, uuid.UUID, int]]) -> int:
+    """Hand items back untouched (graceful shutdown): pending again, the attempt refunded."""
+    if not items:
+        return 0
+    lock_jobs(conn, (job_id for _, job_id, _ in items))
+    result = conn.execute(
+        sa.text(
+            """
+            UPDATE items AS i SET status = 'pending', attempts = greatest(i.attempts - 1, 0),
+                lease_owner = NULL, lease_expires_at = NULL
+            FROM unnest(CAST(:item_ids AS bigint[]), CAST(:attempts AS int[]))
+                 AS v(item_id, attempt)
+            WHERE i.id = v.item_id AND i.status = 'running' AND i.lease_owner = :owner
+              AND i.attempts = v.attempt
+            """
+        ),
+        {
+            "owner": owner,
+            "item_ids": [i for i, _, _ in items],
+            "attempts": [a for _, _, a in items],
+        },
+    )
+    return result.rowcount
+
+
+_RELEASE_CRASHED = sa.text(
+    """
+    UPDATE items AS i SET
+        status = CASE WHEN :alone AND i.attempts >= :max_attempts THEN 'failed'
+                      ELSE 'pending' END,
+        finished_at = CASE WHEN :alone AND i.attempts >= :max_attempts THEN now() END,
+        attempts = CASE WHEN :alone THEN i.attempts ELSE greatest(i.attempts - 1, 0) END,
+        crashes = i.crashes + 1,
+        lease_owner = NULL, lease_expires_at = NULL,
+        error_code = :code, error_message = :message
+    WHERE i.status = 'running' AND i.lease_owner = :owner
+    """
+)
+
+
+def release_crashed(
+    conn: sa.Connection, owner: str, *, max_attempts: int, code: str, message: str
+) -> int:
+    """Release every item `owner` held when its engine or process died.
+
+    Which item killed it is unknown, so all of them become suspects (crashes + 1). A crash
+    with several items in flight charges none of them an attempt; a crash with one item alone
+    charges it, and at the attempt cap that item fails: a poison item ends `failed` while its
+    batch-mates are retried in halves until it is cornered.
+    """
+    job_ids = [
+        row.job_id
+        for row in conn.execute(
+            sa.text(
+                "SELECT DISTINCT job_id FROM items WHERE status = 'running' AND lease_owner = :o"
+            ),
+            {"o": owner},
+        )
+    ]
+    if not job_ids:
+        return 0
+    lock_jobs(conn, job_ids)
+    held = conn.execute(
+        sa.text("SELECT count(*) FROM items WHERE status = 'running' AND lease_owner = :o"),
+        {"o": owner},
+    ).scalar_one()
+    result = conn.execute(
+        _RELEASE_CRASHED,
+        {
+            "owner": owner,
+            "alone": held == 1,
+            "max_attempts": max_attempts,
+            "code": code,
+            "message": message,
+        },
+    )
+    return result.rowcount
+
+
+def finalize_jobs(conn: sa.Connection, job_ids: Iterable[uuid.UUID] | None = None) -> int:
+    """Move jobs whose items are all terminal to their final status."""
+    where = "id = ANY(:ids) AND " if job_ids is not None else ""
+    params: dict[str, Any] = {"ids": sorted(set(job_ids))} if job_ids is not None else {}
+    if job_ids is not None and not params["ids"]:
+        return 0
+    result = conn.execute(
+        sa.text(
+            f"""
+            UPDATE jobs SET
+                status = CASE WHEN status = 'cancelling' THEN 'cancelled'
+                              WHEN expired > 0 THEN 'expired'
+                              ELSE 'completed' END,
+                finished_at = now()
+            WHERE {where} status IN ('queued', 'running', 'cancelling')
+              AND pending = 0 AND running = 0
+            """  # noqa: S608 - `where` is one of two literals above
+        ),
+        params,
+    )
+    return result.rowcount
+
+
+def expire_job(conn: sa.Connection, job_id: uuid.UUID) -> int:
+    """Past its completion window: unstarted items expire (running ones are aborted by their
+    workers, or released by the sweeper and expired on its next pass)."""
+    state = lock_jobs(conn, [job_id]).get(job_id)
+    if state is None or state.status not in RUNNABLE or not state.expired:
+        return 0
+    result = conn.execute(
+        sa.text(
+            "UPDATE items SET status = 'expired', finished_at = now(), error_code = 'expired', "
+            "error_message = 'the job passed its completion window' "
+            "WHERE job_id = :id AND status = 'pending'"
+        ),
+        {"id": job_id},
+    )
+    finalize_jobs(conn, [job_id])
+    return result.rowcount
+
+
+def release_lapsed(conn: sa.Connection, owner: str) -> int:
+    """Items whose lease lapsed under a worker that is still alive: back to pending, the
+    attempt counted. A late result from that worker is then fenced out."""
+    job_ids = [
+        row.job_id
+        for row in conn.execute(
+            sa.text(
+                "SELECT DISTINCT job_id FROM items WHERE status = 'running' "
+                "AND lease_owner = :o AND lease_expires_at < now()"
+            ),
+            {"o": owner},
+        )
+    ]
+    if not job_ids:
+        return 0
+    lock_jobs(conn, job_ids)
+    result = conn.execute(
+        sa.text(
+            "UPDATE items SET status = 'pending', lease_owner = NULL, lease_expires_at = NULL, "
+            "error_code = 'lease_expired', error_message = 'no result before the lease lapsed' "
+            "WHERE status = 'running' AND lease_owner = :o AND lease_expires_at < now()"
+        ),
+        {"o": owner},
+    )
+    return result.rowcount
+
+
+def fail_job(conn: sa.Connection, job_id: uuid.UUID, *, code: str, message: str) -> bool:
+    """A job-level failure (e.g. a model no worker serves): its unstarted items fail with it."""
+    state = lock_jobs(conn, [job_id]).get(job_id)
+    if state is None or state.status not in RUNNABLE:
+        return False
+    conn.execute(
+        sa.text(
+            "UPDATE items SET status = 'failed', finished_at = now(), error_code = :code, "
+            "error_message = :message WHERE job_id = :id AND status = 'pending'"
+        ),
+        {"id": job_id, "code": code, "message": message},
+    )
+    conn.execute(
+        sa.text(
+            "UPDATE jobs SET status = 'failed', finished_at = now(), error_code = :code, "
+            "error_message = :message WHERE id = :id"
+        ),
+        {"id": job_id, "code": code, "message": message},
+    )
+    return True
+
+
+def cancel_job(conn: sa.Connection, job_id: uuid.UUID) -> tuple[bool, str] | None:
+    """Cancel: pending items end at once; running ones are aborted by their workers.
+
+    Returns (whether this call cancelled it, the job's status afterwards), or None when there
+    is no such job. A job that was no longer queued or running is left as it was.
+    """
+    state = lock_jobs(conn, [job_id]).get(job_id)
+    if state is None:
+        return None
+    if state.status not in RUNNABLE:
+        return False, state.status
+    conn.execute(
+        sa.text(
+            "UPDATE items SET status = 'cancelled', finished_at = now(), error_code = 'cancelled', "
+            "error_message = 'the job was cancelled' WHERE job_id = :id AND status = 'pending'"
+        ),
+        {"id": job_id},
+    )
+    conn.execute(sa.text("UPDATE jobs SET status = 'cancelling' WHERE id = :id"), {"id": job_id})
+    finalize_jobs(conn, [job_id])
+    status = conn.execute(sa.text("SELECT status FROM jobs WHERE id = :id"), {"id": job_id})
+    return True, status.scalar_one()

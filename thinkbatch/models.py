@@ -1,0 +1,213 @@
+"""The tables: jobs, their items, one result row per succeeded item, and the live workers.
+
+Postgres is the system of record. An item is claimed with a lease and an attempt counter; its
+result is a row whose primary key is the item id, so an item can never hold two results.
+A job's per-status counts and token usage are kept by statement-level triggers (see the first
+migration), so a status call reads one row however large the job is.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from datetime import datetime
+from typing import Any
+from typing import ClassVar
+
+import sqlalchemy as sa
+from sqlalchemy import orm
+from sqlalchemy.dialects.postgresql import JSONB
+
+
+class Base(orm.DeclarativeBase):
+    metadata: ClassVar[sa.MetaData] = sa.MetaData(
+        naming_convention={
+            "ix": "ix_%(column_0_label)s",
+            "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+            "ck": "ck_%(table_name)s_%(constraint_name)s",
+            "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+            "pk": "pk_%(table_name)s",
+        }
+    )
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        dict[str, Any]: JSONB,
+        datetime: sa.DateTime(timezone=True),
+    }
+
+
+class JobStatus(enum.StrEnum):
+    queued = "queued"
+    running = "running"
+    completed = "completed"
+    failed = "failed"
+    cancelling = "cancelling"
+    cancelled = "cancelled"
+    expired = "expired"
+
+
+class ItemStatus(enum.StrEnum):
+    pending = "pending"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+    expired = "expired"
+
+
+ACTIVE_JOB_STATUSES = (JobStatus.queued, JobStatus.running, JobStatus.cancelling)
+TERMINAL_JOB_STATUSES = (
+    JobStatus.completed,
+    JobStatus.failed,
+    JobStatus.cancelled,
+    JobStatus.expired,
+)
+TERMINAL_ITEM_STATUSES = (
+    ItemStatus.succeeded,
+    ItemStatus.failed,
+    ItemStatus.cancelled,
+    ItemStatus.expired,
+)
+
+
+def _status_enum(enum_cls: type[enum.Enum], name: str) -> sa.Enum:
+    # A CHECK constraint instead of a native ENUM type: adding a status is then a plain
+    # constraint swap in a migration, not an ALTER TYPE.
+    return sa.Enum(
+        enum_cls,
+        name=name,
+        native_enum=False,
+        create_constraint=True,
+        length=16,
+        values_callable=lambda e: [m.value for m in e],
+    )
+
+
+def _utcnow() -> datetime:
+    from datetime import UTC
+
+    return datetime.now(UTC)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: orm.Mapped[uuid.UUID] = orm.mapped_column(primary_key=True, default=uuid.uuid4)
+    status: orm.Mapped[JobStatus] = orm.mapped_column(
+        _status_enum(JobStatus, "status"), default=JobStatus.queued
+    )
+    model: orm.Mapped[str] = orm.mapped_column(sa.String(256))
+    params: orm.Mapped[dict[str, Any]] = orm.mapped_column(default=dict)
+    meta: orm.Mapped[dict[str, Any]] = orm.mapped_column("metadata", default=dict)
+    priority: orm.Mapped[int] = orm.mapped_column(default=0)
+    created_at: orm.Mapped[datetime] = orm.mapped_column(default=_utcnow)
+    started_at: orm.Mapped[datetime | None]
+    finished_at: orm.Mapped[datetime | None]
+    expires_at: orm.Mapped[datetime]
+    # Last sign of life: an enqueue, or a heartbeat of a task driving the job. The sweeper
+    # re-enqueues jobs with pending items whose hint went stale (a lost Redis message).
+    hinted_at: orm.Mapped[datetime | None]
+    error_code: orm.Mapped[str | None] = orm.mapped_column(sa.String(64))
+    error_message: orm.Mapped[str | None] = orm.mapped_column(sa.Text)
+
+    # Maintained by triggers on items and item_results; never written by application code.
+    total: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
+    pending: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
+    running: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
+    succeeded: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
+    failed: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
+    cancelled: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
+    expired: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
+    prompt_tokens: orm.Mapped[int] = orm.mapped_column(sa.BigInteger, default=0, server_default="0")
+    completion_tokens: orm.Mapped[int] = orm.mapped_column(
+        sa.BigInteger, default=0, server_default="0"
+    )
+    reasoning_tokens: orm.Mapped[int] = orm.mapped_column(
+        sa.BigInteger, default=0, server_default="0"
+    )
+
+    __table_args__ = (
+        # Newest-first listing and the sweeper's scan of live jobs.
+        sa.Index("ix_jobs_created_at_id", "created_at", "id"),
+        sa.Index(
+            "ix_jobs_active",
+            "status",
+            postgresql_where=sa.text("status IN ('queued', 'running', 'cancelling')"),
+        ),
+    )
+
+
+class Item(Base):
+    __tablename__ = "items"
+
+    id: orm.Mapped[int] = orm.mapped_column(sa.BigInteger, sa.Identity(), primary_key=True)
+    job_id: orm.Mapped[uuid.UUID] = orm.mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"))
+    seq: orm.Mapped[int]
+    custom_id: orm.Mapped[str] = orm.mapped_column(sa.String(128))
+    messages: orm.Mapped[list[dict[str, Any]] | None] = orm.mapped_column(JSONB)
+    prompt: orm.Mapped[str | None] = orm.mapped_column(sa.Text)
+    params: orm.Mapped[dict[str, Any] | None]
+    status: orm.Mapped[ItemStatus] = orm.mapped_column(
+        _status_enum(ItemStatus, "status"), default=ItemStatus.pending
+    )
+    # Counted at claim. With lease_owner it fences writes: a result is stored only if the
+    # item is still running under the same owner and attempt that produced it.
+    attempts: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
+    # Engine deaths this item was in flight for; drives poison-item isolation.
+    crashes: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
+    lease_owner: orm.Mapped[str | None] = orm.mapped_column(sa.String(128))
+    lease_expires_at: orm.Mapped[datetime | None]
+    started_at: orm.Mapped[datetime | None]
+    finished_at: orm.Mapped[datetime | None]
+    error_code: orm.Mapped[str | None] = orm.mapped_column(sa.String(64))
+    error_message: orm.Mapped[str | None] = orm.mapped_column(sa.Text)
+
+    result: orm.Mapped[ItemResult | None] = orm.relationship(lazy="raise", viewonly=True)
+
+    __table_args__ = (
+        sa.UniqueConstraint("job_id", "seq"),
+        sa.UniqueConstraint("job_id", "custom_id"),
+        sa.CheckConstraint("(messages IS NULL) <> (prompt IS NULL)", name="one_input"),
+        # Claims (status = 'pending' ordered by seq) and status-filtered pages.
+        sa.Index("ix_items_job_id_status_seq", "job_id", "status", "seq"),
+        # The sweeper's scan for lapsed leases and dead owners.
+        sa.Index(
+            "ix_items_running_lease",
+            "lease_expires_at",
+            postgresql_where=sa.text("status = 'running'"),
+        ),
+    )
+
+
+class ItemResult(Base):
+    __tablename__ = "item_results"
+
+    item_id: orm.Mapped[int] = orm.mapped_column(
+        sa.BigInteger, sa.ForeignKey("items.id", ondelete="CASCADE"), primary_key=True
+    )
+    job_id: orm.Mapped[uuid.UUID] = orm.mapped_column(
+        sa.ForeignKey("jobs.id", ondelete="CASCADE"), index=True
+    )
+    attempt: orm.Mapped[int]
+    thinking: orm.Mapped[str] = orm.mapped_column(sa.Text)
+    answer: orm.Mapped[str] = orm.mapped_column(sa.Text)
+    finish_reason: orm.Mapped[str] = orm.mapped_column(sa.String(32))
+    thinking_truncated: orm.Mapped[bool]
+    prompt_tokens: orm.Mapped[int]
+    completion_tokens: orm.Mapped[int]
+    reasoning_tokens: orm.Mapped[int]
+    worker_id: orm.Mapped[str] = orm.mapped_column(sa.String(128))
+    created_at: orm.Mapped[datetime] = orm.mapped_column(server_default=sa.func.now())
+
+
+class Worker(Base):
+    """A live (or recently dead) worker process; its heartbeat decides whether its leases stand."""
+
+    __tablename__ = "workers"
+
+    id: orm.Mapped[str] = orm.mapped_column(sa.String(128), primary_key=True)
+    hostname: orm.Mapped[str] = orm.mapped_column(sa.String(256))
+    pid: orm.Mapped[int]
+    model: orm.Mapped[str] = orm.mapped_column(sa.String(256))
+    started_at: orm.Mapped[datetime] = orm.mapped_column(server_default=sa.func.now())
+    heartbeat_at: orm.Mapped[datetime] = orm.mapped_column(server_default=sa.func.now())
+    stopped_at: orm.Mapped[datetime | None]

@@ -1,0 +1,73 @@
+"""The Celery app both sides share, and the one message it carries: "job X has work".
+
+A message holds a job id and nothing else. It is a hint: Postgres decides what runs. Losing one
+is repaired by the sweeper; receiving one twice is harmless because claims are fenced.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import UTC
+from datetime import datetime
+
+import sqlalchemy as sa
+from celery import Celery
+
+from thinkbatch.settings import Settings
+
+RUN_JOB = "thinkbatch.run_job"
+
+log = logging.getLogger(__name__)
+
+
+def make_celery(settings: Settings) -> Celery:
+    app = Celery("thinkbatch", broker=settings.require_redis_url())
+    transport = {
+        "visibility_timeout": settings.visibility_timeout_s,
+        # Fail fast when Redis is away: the API stores the job and the sweeper enqueues later.
+        "socket_connect_timeout": 3,
+        "socket_timeout": 10,
+        "health_check_interval": 10,
+    }
+    app.conf.update(
+        result_backend=settings.require_redis_url(),
+        result_backend_transport_options=transport,
+        result_expires=86400,
+        broker_transport_options=transport,
+        broker_connection_retry_on_startup=True,
+        broker_connection_timeout=3,
+        task_default_queue=settings.queue_name,
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        # Postgres holds outcomes; the result backend only carries progress for Flower.
+        task_ignore_result=True,
+        task_track_started=True,
+        task_send_sent_event=True,
+        worker_send_task_events=True,
+        # A message is acknowledged after its task returns, and a worker reserves one message
+        # per free thread, so a dead worker's hints return to the queue, not to limbo.
+        task_acks_late=True,
+        worker_prefetch_multiplier=1,
+        task_publish_retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.5},
+    )
+    return app
+
+
+def publish_job(app: Celery, job_id: uuid.UUID, *, copies: int = 1) -> bool:
+    """Enqueue `copies` hints for a job; False (logged) when Redis cannot be reached."""
+    try:
+        for _ in range(copies):
+            app.send_task(RUN_JOB, args=[str(job_id)])
+    except Exception as error:  # noqa: BLE001 - any broker failure means "sweeper retries later"
+        log.warning("could not enqueue job %s: %s", job_id, error)
+        return False
+    return True
+
+
+def mark_hinted(conn: sa.Connection, job_id: uuid.UUID) -> None:
+    conn.execute(
+        sa.text("UPDATE jobs SET hinted_at = :now WHERE id = :id"),
+        {"now": datetime.now(UTC), "id": job_id},
+    )

@@ -1,0 +1,154 @@
+"""Wire formats of the REST API, as pydantic models.
+
+Inputs forbid unknown fields and coerce nothing (`strict`), so a typo or a number sent as a
+string is a 400 that names the field instead of a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated
+from typing import Literal
+
+from pydantic import BaseModel
+from pydantic import ConfigDict
+from pydantic import Field
+from pydantic import model_validator
+
+_INPUT = ConfigDict(extra="forbid", strict=True)
+
+
+class SamplingParamsIn(BaseModel):
+    """Sampling parameters of a job, or one item's overrides of them. All optional."""
+
+    model_config = _INPUT
+
+    max_tokens: int | None = Field(None, gt=0)
+    temperature: float | None = Field(None, ge=0, le=10)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1, description="-1 or 0 disables top-k")
+    seed: int | None = None
+    stop: str | list[Annotated[str, Field(min_length=1)]] | None = Field(None, max_length=16)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0, le=10)
+    enable_thinking: bool | None = None
+    ignore_eos: bool | None = None
+
+    def overrides(self) -> dict[str, object]:
+        return self.model_dump(exclude_none=True)
+
+
+class Message(BaseModel):
+    model_config = _INPUT
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class ItemIn(BaseModel):
+    """One item: a conversation (`messages`, chat template applied) or a raw `prompt`."""
+
+    model_config = _INPUT
+
+    custom_id: str | None = Field(None, min_length=1, max_length=128)
+    messages: list[Message] | None = Field(None, min_length=1)
+    prompt: str | None = Field(None, min_length=1)
+    params: SamplingParamsIn | None = None
+
+    @model_validator(mode="after")
+    def one_input(self) -> ItemIn:
+        if (self.messages is None) == (self.prompt is None):
+            raise ValueError("give exactly one of 'messages' or 'prompt'")
+        return self
+
+
+class JobCreate(BaseModel):
+    model_config = _INPUT
+
+    model: str | None = Field(None, min_length=1, max_length=256)
+    params: SamplingParamsIn = Field(default_factory=SamplingParamsIn)
+    items: list[ItemIn] = Field(min_length=1)
+    metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] = (
+        Field(default_factory=dict, max_length=16)
+    )
+    priority: int = Field(0, ge=0, le=9, description="Higher gets a larger share of a worker.")
+    completion_window: int | None = Field(
+        None, gt=0, description="Seconds until unfinished items expire."
+    )
+
+
+class Counts(BaseModel):
+    total: int
+    pending: int
+    running: int
+    succeeded: int
+    failed: int
+    cancelled: int
+    expired: int
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+
+
+class ErrorInfo(BaseModel):
+    code: str
+    message: str
+
+
+class JobOut(BaseModel):
+    id: uuid.UUID
+    status: str
+    model: str
+    priority: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    expires_at: datetime
+    counts: Counts
+    usage: Usage
+    metadata: dict[str, str]
+    error: ErrorInfo | None
+
+
+class ItemOut(BaseModel):
+    custom_id: str
+    status: str
+    thinking: str | None
+    answer: str | None
+    finish_reason: str | None
+    thinking_truncated: bool | None
+    usage: Usage | None
+    attempts: int
+    error: ErrorInfo | None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class ItemPage(BaseModel):
+    data: list[ItemOut]
+    has_more: bool
+    last_id: str | None
+
+
+class JobPage(BaseModel):
+    data: list[JobOut]
+    has_more: bool
+    last_id: uuid.UUID | None
+
+
+class ApiError(BaseModel):
+    """Every 4xx/5xx body: `{"error": {"type", "code", "message", "param"}}` (OpenAI's shape)."""
+
+    class Body(BaseModel):
+        type: Literal[
+            "invalid_request_error", "not_found", "conflict", "unavailable", "server_error"
+        ]
+        code: str
+        message: str
+        param: str | None = None
+
+    error: Body

@@ -1,0 +1,162 @@
+"""Every setting of thinkbatch, read from the environment (or `.env`) in this one place.
+
+The API, the worker, the migrations and the tools all build a `Settings()`; tests pass their own.
+Names are the plain environment variable names (`DATABASE_URL`, `MODEL`, ...), case-insensitive.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from typing import Literal
+
+from pydantic import Field
+from pydantic import model_validator
+from pydantic_settings import BaseSettings
+from pydantic_settings import SettingsConfigDict
+
+DEMO_MODEL = "thinkbatch-demo"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore", frozen=True)
+
+    # --- services -------------------------------------------------------------------------
+    database_url: str | None = Field(
+        None,
+        description="SQLAlchemy URL of PostgreSQL (postgresql+psycopg://...). Unset: the launcher "
+        "starts an embedded PostgreSQL under DATA_DIR.",
+    )
+    redis_url: str | None = Field(
+        None, description="Redis URL of the Celery broker. Unset: the launcher starts a Redis."
+    )
+    data_dir: Path = Field(
+        Path(".thinkbatch"), description="Where the launcher keeps embedded services and logs."
+    )
+    queue_name: str = Field("thinkbatch", description="Celery queue the workers consume.")
+
+    # --- model and engine -----------------------------------------------------------------
+    model: str = Field(
+        DEMO_MODEL,
+        description=f"Local path or hub id of the model. '{DEMO_MODEL}' builds and serves the tiny "
+        "demo Qwen3 checkpoint.",
+    )
+    served_model_name: str | None = Field(
+        None, description="Name jobs use in `model`; defaults to MODEL."
+    )
+    engine: Literal["vllm", "fake"] = Field(
+        "vllm", description="'vllm' (real engine) or 'fake' (deterministic test engine, no torch)."
+    )
+    max_model_len: int | None = Field(None, description="Context length; default: the model's.")
+    dtype: str = Field("auto", description="Weights dtype passed to vLLM (auto, bfloat16, ...).")
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="Fraction of accelerator (CPU: host) memory vLLM may use."
+    )
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine.")
+    max_num_seqs: int = Field(256, ge=1, description="Sequences the engine batches per step.")
+    max_num_batched_tokens: int = Field(
+        8192, ge=16, description="Token budget per engine step (prefill chunking)."
+    )
+    enforce_eager: bool = Field(False, description="Skip graph capture/compilation (faster start).")
+    enable_prefix_caching: bool = Field(True, description="Reuse KV of shared prompt prefixes.")
+    cpu_kvcache_space_gib: int | None = Field(
+        None, ge=1, description="CPU backend only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)."
+    )
+    speculative_config: dict[str, Any] | None = Field(
+        None, description="JSON passed to vLLM as speculative_config (draft model, n tokens)."
+    )
+    engine_extra_args: dict[str, Any] = Field(
+        default_factory=dict, description="JSON of further vLLM engine arguments, passed through."
+    )
+    seed: int = Field(0, description="Engine seed.")
+
+    # --- job limits -----------------------------------------------------------------------
+    max_items_per_job: int = Field(100_000, ge=1, description="Items accepted in one job.")
+    max_request_bytes: int = Field(
+        256 * 1024 * 1024, ge=1024, description="Largest request body the API reads (413 above)."
+    )
+    max_tokens_cap: int = Field(32768, ge=1, description="Largest `max_tokens` a job may ask for.")
+    default_max_tokens: int = Field(4096, ge=1, description="`max_tokens` when a job gives none.")
+    max_attempts: int = Field(3, ge=1, description="Engine attempts per item before it fails.")
+    default_completion_window_s: int = Field(
+        86400, ge=1, description="Seconds a job may take before unfinished items expire."
+    )
+    max_completion_window_s: int = Field(
+        7 * 86400, ge=1, description="Largest completion_window a job may ask for."
+    )
+
+    # --- timeouts (they nest; see check_timeouts) -------------------------------------------
+    item_deadline_s: float = Field(
+        1800, gt=0, description="Longest an item may stay in the engine before it is aborted."
+    )
+    lease_s: float = Field(
+        2400, gt=0, description="Claim lease of an item; others may retry it once it lapses."
+    )
+    visibility_timeout_s: float = Field(
+        7200, gt=0, description="Redis redelivers an unacknowledged task message after this."
+    )
+    task_slice_s: float = Field(
+        300, gt=0, description="A job task claims for this long, then hands the job on."
+    )
+    heartbeat_s: float = Field(5, gt=0, description="Worker heartbeat period.")
+    worker_dead_after_s: float = Field(
+        30, gt=0, description="A worker silent this long is dead; its items are retried."
+    )
+    sweep_interval_s: float = Field(10, gt=0, description="Period of the recovery sweeper.")
+    hint_stale_s: float = Field(
+        60, gt=0, description="Re-enqueue a job with pending items and no sign of life this long."
+    )
+    shutdown_timeout_s: float = Field(
+        30, gt=0, description="After SIGTERM the worker exits within this, releasing its items."
+    )
+
+    # --- worker ---------------------------------------------------------------------------
+    worker_concurrency: int = Field(
+        8, ge=1, description="Jobs one worker drives at once (Celery threads)."
+    )
+    inflight_factor: float = Field(
+        2.0, ge=1, description="Items kept in the engine = inflight_factor x MAX_NUM_SEQS."
+    )
+    job_fanout: int = Field(
+        4, ge=1, description="Task messages for a large job, so that several workers share it."
+    )
+    write_interval_s: float = Field(0.2, gt=0, description="Result writer flush period.")
+    write_batch_max: int = Field(1000, ge=1, description="Most results per writer transaction.")
+    db_pool_size: int = Field(5, ge=1, description="SQLAlchemy pool size per process.")
+
+    @model_validator(mode="after")
+    def check_timeouts(self) -> Settings:
+        # An item must finish (or be aborted) before its lease lapses, and Redis must not hand a
+        # task message to another worker while a live worker still holds its items.
+        if not self.item_deadline_s < self.lease_s < self.visibility_timeout_s:
+            raise ValueError(
+                "timeouts must nest: ITEM_DEADLINE_S < LEASE_S < VISIBILITY_TIMEOUT_S "
+                f"(got {self.item_deadline_s} < {self.lease_s} < {self.visibility_timeout_s})"
+            )
+        # A job task runs for at most one slice plus the drain of what it holds.
+        if self.task_slice_s + self.item_deadline_s >= self.visibility_timeout_s:
+            raise ValueError("TASK_SLICE_S + ITEM_DEADLINE_S must be < VISIBILITY_TIMEOUT_S")
+        if self.heartbeat_s * 2 > self.worker_dead_after_s:
+            raise ValueError("WORKER_DEAD_AFTER_S must be at least twice HEARTBEAT_S")
+        if self.default_max_tokens > self.max_tokens_cap:
+            raise ValueError("DEFAULT_MAX_TOKENS must not exceed MAX_TOKENS_CAP")
+        return self
+
+    @property
+    def model_name(self) -> str:
+        """The name jobs refer to the served model by."""
+        return self.served_model_name or self.model
+
+    @property
+    def inflight_window(self) -> int:
+        return max(1, int(self.inflight_factor * self.max_num_seqs))
+
+    def require_database_url(self) -> str:
+        if not self.database_url:
+            raise RuntimeError("DATABASE_URL is not set (the demo launcher sets it for you)")
+        return self.database_url
+
+    def require_redis_url(self) -> str:
+        if not self.redis_url:
+            raise RuntimeError("REDIS_URL is not set (the demo launcher sets it for you)")
+        return self.redis_url

@@ -1,0 +1,149 @@
+"""Recovery: the pass every worker runs periodically (one at a time, by advisory lock).
+
+Redis may lose messages and workers may die; Postgres still knows everything. Each pass:
+1. marks workers whose heartbeat stopped as dead;
+2. releases the items of dead workers (as crash suspects) and items whose lease lapsed;
+3. expires jobs past their completion window;
+4. finalizes jobs whose items are all terminal;
+5. re-enqueues live jobs with pending items and no sign of life (a lost or never-sent hint).
+Each step runs in its own short transaction, so a pass never holds locks for long.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from dataclasses import field
+
+import sqlalchemy as sa
+
+from thinkbatch import ledger
+from thinkbatch.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# pg_try_advisory_lock key: "tbsweep" as an integer, shared by every process of a deployment.
+SWEEP_LOCK_KEY = 0x7462_7377_6565_70
+
+
+@dataclass
+class SweepReport:
+    ran: bool = False
+    dead_workers: list[str] = field(default_factory=list)
+    released: int = 0
+    expired_jobs: int = 0
+    finalized: int = 0
+    republished: list[uuid.UUID] = field(default_factory=list)
+
+
+def sweep(
+    engine: sa.Engine, settings: Settings, publish: Callable[[uuid.UUID], bool]
+) -> SweepReport:
+    report = SweepReport()
+    with engine.connect() as lock_conn:
+        got = lock_conn.execute(
+            sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": SWEEP_LOCK_KEY}
+        ).scalar()
+        lock_conn.commit()
+        if not got:
+            return report
+        try:
+            report.ran = True
+            _sweep(engine, settings, publish, report)
+        finally:
+            lock_conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": SWEEP_LOCK_KEY})
+            lock_conn.commit()
+    return report
+
+
+def _sweep(
+    engine: sa.Engine,
+    settings: Settings,
+    publish: Callable[[uuid.UUID], bool],
+    report: SweepReport,
+) -> None:
+    with engine.begin() as conn:
+        report.dead_workers = list(
+            conn.execute(
+                sa.text(
+                    "UPDATE workers SET stopped_at = now() WHERE stopped_at IS NULL "
+                    "AND heartbeat_at < now() - make_interval(secs => :s) RETURNING id"
+                ),
+                {"s": settings.worker_dead_after_s},
+            ).scalars()
+        )
+    for name in report.dead_workers:
+        log.warning("worker %s stopped heartbeating; releasing its items", name)
+
+    with engine.connect() as conn:
+        owners = conn.execute(
+            sa.text(
+                """
+                SELECT i.lease_owner, bool_or(w.id IS NULL OR w.stopped_at IS NOT NULL) AS dead
+                FROM items AS i LEFT JOIN workers AS w ON w.id = i.lease_owner
+                WHERE i.status = 'running'
+                  AND (i.lease_expires_at < now() OR w.id IS NULL OR w.stopped_at IS NOT NULL)
+                GROUP BY i.lease_owner
+                """
+            )
+        ).all()
+    for owner, dead in owners:
+        with engine.begin() as conn:
+            if dead:
+                report.released += ledger.release_crashed(
+                    conn,
+                    owner,
+                    max_attempts=settings.max_attempts,
+                    code="worker_lost",
+                    message=f"worker {owner} died while running this item",
+                )
+            else:
+                report.released += ledger.release_lapsed(conn, owner)
+
+    with engine.connect() as conn:
+        expired = (
+            conn.execute(
+                sa.text(
+                    "SELECT id FROM jobs "
+                    "WHERE status IN ('queued', 'running') AND expires_at <= now()"
+                )
+            )
+            .scalars()
+            .all()
+        )
+    for job_id in expired:
+        with engine.begin() as conn:
+            ledger.expire_job(conn, job_id)
+            report.expired_jobs += 1
+
+    with engine.begin() as conn:
+        report.finalized = ledger.finalize_jobs(conn)
+
+    with engine.connect() as conn:
+        stale = (
+            conn.execute(
+                sa.text(
+                    """
+                SELECT id FROM jobs
+                WHERE status IN ('queued', 'running') AND pending > 0
+                  AND (hinted_at IS NULL OR hinted_at < now() - make_interval(secs => :s))
+                ORDER BY priority DESC, created_at
+                """
+                ),
+                {"s": settings.hint_stale_s},
+            )
+            .scalars()
+            .all()
+        )
+    for job_id in stale:
+        if not publish(job_id):
+            break  # Redis is away; the next pass tries again
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text("UPDATE jobs SET hinted_at = now() WHERE id = :id"), {"id": job_id}
+            )
+        report.republished.append(job_id)
+    if report.republished:
+        log.info("re-enqueued %d job(s) with no sign of life", len(report.republished))

@@ -1,0 +1,87 @@
+"""Split a Qwen3-style completion into its thinking and its answer, and count thinking tokens.
+
+Qwen3 writes `<think>…</think>` and then the answer. The cases this module handles:
+
+* thinking on (Qwen3 hybrid): the output starts with `<think>`, closes it, then answers;
+* thinking off: the chat template already put an empty `<think>\\n\\n</think>\\n\\n` in the
+  prompt, so the output is only the answer;
+* thinking-only templates (Qwen3-*-Thinking-2507) open `<think>` inside the prompt, so the
+  output holds only the closing `</think>`;
+* cut inside the thinking (max_tokens reached before `</think>`): all of it is thinking, the
+  answer is empty and the split says `thinking_truncated`.
+
+The engine adapter and every test use these two functions; nothing else parses thinking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+THINK_START = "<think>"
+THINK_END = "</think>"
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingSplit:
+    thinking: str
+    answer: str
+    truncated: bool
+
+
+def split_thinking(text: str, *, opened_in_prompt: bool = False) -> ThinkingSplit:
+    """Split generated `text`. `opened_in_prompt`: the prompt ended inside an open `<think>`."""
+    end = text.find(THINK_END)
+    if end >= 0:
+        thinking = text[:end]
+        answer = text[end + len(THINK_END) :]
+        stripped = thinking.lstrip()
+        if stripped.startswith(THINK_START):
+            thinking = stripped[len(THINK_START) :]
+        return ThinkingSplit(thinking.strip(), answer.strip(), truncated=False)
+    stripped = text.lstrip()
+    if stripped.startswith(THINK_START):
+        return ThinkingSplit(stripped[len(THINK_START) :].strip(), "", truncated=True)
+    if opened_in_prompt:
+        return ThinkingSplit(text.strip(), "", truncated=True)
+    return ThinkingSplit("", text.strip(), truncated=False)
+
+
+def count_reasoning_tokens(
+    output_ids: Sequence[int],
+    *,
+    start_id: int | None,
+    end_id: int | None,
+    opened_in_prompt: bool = False,
+) -> int:
+    """Output tokens that belong to the thinking block, tags included, from the engine's ids."""
+    if end_id is not None:
+        try:
+            return output_ids.index(end_id) + 1  # type: ignore[attr-defined]
+        except ValueError:
+            pass
+    if opened_in_prompt or (start_id is not None and output_ids and output_ids[0] == start_id):
+        return len(output_ids)  # cut inside the thinking: every token is thinking
+    return 0
+
+
+def prompt_opens_thinking(
+    prompt_ids: Sequence[int],
+    *,
+    start_id: int | None,
+    end_id: int | None,
+    turn_start_id: int | None = None,
+) -> bool:
+    """Whether the prompt leaves a `<think>` open for the model (thinking-only templates).
+
+    Scans back from the end of the prompt, stopping at the start of the last chat turn, so that
+    a literal `<think>` in an earlier user message does not count.
+    """
+    if start_id is None:
+        return False
+    for token in reversed(prompt_ids):
+        if token == start_id:
+            return True
+        if token == end_id or token == turn_start_id:
+            return False
+    return False

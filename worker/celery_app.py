@@ -1,0 +1,22 @@
+"""Celery entry point of a GPU worker:
+
+    celery -A worker.celery_app worker -E -l INFO
+
+One process per GPU (or engine): a threads pool, never prefork, because the process must not
+fork once vLLM and CUDA are loaded. The engine is created once, before the worker consumes.
+"""
+
+from __future__ import annotations
+
+from thinkbatch.queue import make_celery
+from thinkbatch.settings import Settings
+
+settings = Settings()
+app = make_celery(settings)
+app.conf.update(
+    worker_pool="threads",
+    worker_concurrency=settings.worker_concurrency,
+    include=["worker.tasks"],
+)
+
+from worker import lifecycle  # noqa: E402,F401 - connects the worker signals

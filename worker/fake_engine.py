@@ -1,0 +1,184 @@
+"""A deterministic stand-in engine: no torch, instant start, and faults on demand.
+
+It batches like vLLM: up to MAX_NUM_SEQS sequences advance one token per step (`step_s`), new
+requests join between steps, and a request returns when its last token is produced. Tokens are
+UTF-8 bytes plus Qwen's special tokens, rendered with a Qwen3-style chat template.
+
+Markers in an item's text inject faults, for the reliability tests:
+`[[poison]]` kills the engine (like vLLM's EngineDeadError), `[[exit]]` kills the worker
+process, `[[fail]]` makes this one request fail, `[[hang]]` never finishes.
+Options come from ENGINE_EXTRA_ARGS: `step_s` (default 0.001).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from thinkbatch.ledger import Claimed
+from thinkbatch.sampling import Sampling
+from thinkbatch.settings import Settings
+from thinkbatch.thinking import prompt_opens_thinking
+from worker.engine import EngineDead
+from worker.engine import Generation
+from worker.engine import ItemRejected
+from worker.engine import Prepared
+from worker.engine import ThinkTokens
+
+SPECIAL = {"<|im_start|>": 1, "<|im_end|>": 2, "<think>": 3, "</think>": 4, "<|endoftext|>": 5}
+_NAMES = {v: k for k, v in SPECIAL.items()}
+_SPLIT = re.compile("(" + "|".join(re.escape(s) for s in SPECIAL) + ")")
+_HIDDEN = {1, 2, 5}  # special tokens that detokenization drops, as vLLM does
+EOS = SPECIAL["<|im_end|>"]
+OFFSET = 10
+
+
+def encode(text: str) -> list[int]:
+    ids: list[int] = []
+    for part in _SPLIT.split(text):
+        if part in SPECIAL:
+            ids.append(SPECIAL[part])
+        elif part:
+            ids.extend(b + OFFSET for b in part.encode())
+    return ids
+
+
+def decode(ids: Sequence[int]) -> str:
+    out = bytearray()
+    for token in ids:
+        if token >= OFFSET:
+            out.append(token - OFFSET)
+        elif token not in _HIDDEN:
+            out.extend(_NAMES[token].encode())
+    return out.decode(errors="replace")
+
+
+def render_chat(messages: list[dict[str, str]], enable_thinking: bool) -> str:
+    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    text += "<|im_start|>assistant\n"
+    if not enable_thinking:
+        text += "<think>\n\n</think>\n\n"
+    return text
+
+
+@dataclass(slots=True)
+class _Seq:
+    remaining: float
+    future: asyncio.Future[None]
+
+
+class FakeEngine:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.step_s = float(settings.engine_extra_args.get("step_s", 0.001))
+        self.max_model_len = settings.max_model_len or 4096
+        self.think = ThinkTokens(SPECIAL["<think>"], SPECIAL["</think>"], SPECIAL["<|im_start|>"])
+        self._waiting: list[_Seq] = []
+        self._running: list[_Seq] = []
+        self._dead = False
+        self._loop_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._loop_task = asyncio.get_running_loop().create_task(self._steps())
+
+    def prepare(
+        self, items: Sequence[Claimed], sampling: Sequence[Sampling]
+    ) -> list[Prepared | ItemRejected]:
+        out: list[Prepared | ItemRejected] = []
+        for item, params in zip(items, sampling, strict=True):
+            if item.messages is not None:
+                text = render_chat(item.messages, params.enable_thinking)
+            else:
+                text = item.prompt or ""
+            ids = encode(text)
+            if len(ids) >= self.max_model_len:
+                out.append(
+                    ItemRejected(
+                        "prompt_too_long",
+                        f"the prompt is {len(ids)} tokens; the model's context is "
+                        f"{self.max_model_len} tokens",
+                    )
+                )
+                continue
+            opened = prompt_opens_thinking(
+                ids, start_id=3, end_id=4, turn_start_id=SPECIAL["<|im_start|>"]
+            )
+            out.append(Prepared(prompt_ids=ids, opened_in_prompt=opened, sampling=params))
+        return out
+
+    def _output(self, prepared: Prepared) -> tuple[list[int], str]:
+        prompt = decode(prepared.prompt_ids)
+        question = prompt.rsplit("user\n", 1)[-1].split("\nassistant\n")[0]
+        snippet = " ".join(question.split())[:40]
+        answer = f"Answer: {snippet[::-1]}"
+        if prepared.opened_in_prompt:  # a template that opened <think> itself
+            text = f"Thinking about {snippet}.\n</think>\n\n{answer}"
+        elif prompt.endswith("assistant\n"):  # chat with thinking on
+            text = f"<think>\nThinking about {snippet}.\n</think>\n\n{answer}"
+        else:  # thinking off (the template closed an empty block) or a raw prompt
+            text = answer
+        s = prepared.sampling
+        ids = encode(text) + [EOS]
+        budget = min(s.max_tokens, self.max_model_len - len(prepared.prompt_ids))
+        if s.ignore_eos:
+            ids = (ids[:-1] + [OFFSET + ord(".")] * budget)[:budget]
+            return ids, "length"
+        if len(ids) > budget:
+            return ids[:budget], "length"
+        return ids, "stop"
+
+    async def generate(self, request_id: str, prepared: Prepared) -> Generation:
+        if self._dead:
+            raise EngineDead("fake engine is dead")
+        prompt = decode(prepared.prompt_ids)
+        if "[[exit]]" in prompt:
+            os._exit(70)  # a fault that takes the whole worker process down
+        if "[[poison]]" in prompt:
+            self._die()
+            raise EngineDead("fake engine killed by a poison item")
+        if "[[fail]]" in prompt:
+            raise RuntimeError("injected failure")
+        ids, finish = self._output(prepared)
+        steps = float("inf") if "[[hang]]" in prompt else len(ids)
+        seq = _Seq(remaining=steps, future=asyncio.get_running_loop().create_future())
+        self._waiting.append(seq)
+        await seq.future
+        return Generation(
+            token_ids=ids,
+            text=decode(ids),
+            finish_reason=finish,
+            prompt_tokens=len(prepared.prompt_ids),
+        )
+
+    def _die(self) -> None:
+        self._dead = True
+        for seq in self._waiting + self._running:
+            if not seq.future.done():
+                seq.future.set_exception(EngineDead("fake engine is dead"))
+        self._waiting.clear()
+        self._running.clear()
+
+    async def _steps(self) -> None:
+        while True:
+            await asyncio.sleep(self.step_s)
+            free = self.settings.max_num_seqs - len(self._running)
+            if free > 0 and self._waiting:
+                self._running.extend(self._waiting[:free])
+                del self._waiting[:free]
+            still: list[_Seq] = []
+            for seq in self._running:
+                if seq.future.done():  # aborted by the caller
+                    continue
+                seq.remaining -= 1
+                if seq.remaining <= 0:
+                    seq.future.set_result(None)
+                else:
+                    still.append(seq)
+            self._running = still
+
+    async def shutdown(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()

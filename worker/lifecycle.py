@@ -1,0 +1,88 @@
+"""Worker process life cycle: load the engine once before consuming, shut it down on exit, and
+never leave an engine process behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import psutil
+from celery import signals
+
+from thinkbatch.db import make_engine
+from thinkbatch.queue import make_celery
+from thinkbatch.queue import publish_job
+from thinkbatch.settings import Settings
+from worker.engine import create_engine
+from worker.reaper import spawn_reaper
+from worker.reaper import watch_processes
+from worker.runner import EXIT_SHUTDOWN_TIMEOUT
+from worker.runner import Runner
+
+log = logging.getLogger(__name__)
+
+_runner: Runner | None = None
+_reaper: Any = None
+
+
+def get_runner() -> Runner:
+    if _runner is None:
+        raise RuntimeError("the engine is not loaded in this process")
+    return _runner
+
+
+@signals.worker_init.connect
+def load_engine(**_: Any) -> None:
+    global _runner, _reaper
+    settings = Settings()
+    celery = make_celery(settings)
+    try:
+        runner = Runner(
+            settings,
+            engine=create_engine(settings),
+            db=make_engine(settings),
+            publish=lambda job_id: publish_job(celery, job_id),
+        )
+        _reaper, write_end = spawn_reaper()
+        runner.start()
+        watched = watch_processes(write_end, exclude={_reaper.pid})
+        log.info("engine processes under the reaper's watch: %s", watched)
+    except Exception:
+        # Fail fast: a worker without an engine must not consume (and drop) job messages.
+        log.exception("could not start the engine")
+        logging.shutdown()
+        os._exit(2)
+    _runner = runner
+
+
+@signals.worker_shutting_down.connect
+def stop_claiming(**_: Any) -> None:
+    if _runner is None:
+        return
+    _runner.begin_shutdown()
+    threading.Thread(target=_watchdog, args=(_runner.settings,), daemon=True).start()
+
+
+@signals.worker_shutdown.connect
+def unload_engine(**_: Any) -> None:
+    if _runner is not None:
+        _runner.close()
+
+
+def _watchdog(settings: Settings) -> None:
+    """Bound the shutdown: after SHUTDOWN_TIMEOUT_S, kill the engine processes and exit."""
+    time.sleep(settings.shutdown_timeout_s)
+    log.error("shutdown took longer than %ss; exiting hard", settings.shutdown_timeout_s)
+    reaper_pid = _reaper.pid if _reaper is not None else None
+    for child in psutil.Process().children(recursive=True):
+        if child.pid != reaper_pid:
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
+    logging.shutdown()
+    os._exit(EXIT_SHUTDOWN_TIMEOUT)

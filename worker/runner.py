@@ -1,0 +1,605 @@
+"""The per-process runner: one engine, kept full across jobs, with results persisted in batches.
+
+Threads of a worker process and what each does:
+
+* the engine loop (asyncio): runs `engine.generate` for every item in flight;
+* the claimer: leases items from Postgres in chunks whenever the window has room, sharing it
+  between the jobs this process drives by weight, renders and tokenizes them, and hands them to
+  the loop. The window is INFLIGHT_FACTOR x MAX_NUM_SEQS items, so the engine always has a
+  queue to pull the next sequence from and never drains between chunks or jobs;
+* the writer: stores finished items in batches (one fenced statement per batch), off the
+  engine's path;
+* the housekeeper: heartbeat and the recovery sweep;
+* Celery task threads (`drive`): one per job being driven; each reports progress, watches for
+  cancel and expiry, and returns once its items are settled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import queue
+import secrets
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from dataclasses import field
+from typing import Any
+
+import sqlalchemy as sa
+
+from thinkbatch import ledger
+from thinkbatch.db import retry_transient
+from thinkbatch.ledger import Claimed
+from thinkbatch.ledger import Done
+from thinkbatch.ledger import Failed
+from thinkbatch.models import ItemStatus
+from thinkbatch.models import JobStatus
+from thinkbatch.sampling import resolve_sampling
+from thinkbatch.settings import Settings
+from thinkbatch.sweeper import sweep
+from thinkbatch.thinking import count_reasoning_tokens
+from thinkbatch.thinking import split_thinking
+from worker.engine import Engine
+from worker.engine import EngineDead
+from worker.engine import Generation
+from worker.engine import ItemRejected
+from worker.engine import Prepared
+
+log = logging.getLogger(__name__)
+
+EXIT_ENGINE_DEAD = 3
+EXIT_SHUTDOWN_TIMEOUT = 4
+PROGRESS_INTERVAL_S = 1.0
+
+
+@dataclass(eq=False)
+class JobHandle:
+    """This process's view of one job it drives."""
+
+    job_id: uuid.UUID
+    weight: int
+    params: dict[str, Any]
+    inflight: int = 0  # handed to the engine, not yet returned
+    unsettled: int = 0  # claimed, result not yet stored
+    claim_open: bool = True
+    exhausted_until: float = 0.0  # the last claim found nothing; look again after this
+    suspects: bool = False
+    settled: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(eq=False)
+class Flight:
+    claimed: Claimed
+    prepared: Prepared
+    handle: JobHandle
+    started: float
+    quarantined: bool = False
+    task: asyncio.Task[None] | None = None
+    abort_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    flight: Flight | None
+    claimed: Claimed
+    handle: JobHandle
+    kind: str  # done | rejected | error | aborted
+    generation: Generation | None = None
+    code: str = ""
+    message: str = ""
+
+
+class Runner:
+    def __init__(
+        self,
+        settings: Settings,
+        engine: Engine,
+        db: sa.Engine,
+        publish: Callable[[uuid.UUID], bool],
+    ):
+        self.settings = settings
+        self.engine = engine
+        self.db = db
+        self.publish = publish
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.window = settings.inflight_window
+        # Claim in chunks (fewer round trips) but early enough that the engine's own queue
+        # (window - max_num_seqs items) never runs dry.
+        self.claim_min = max(1, min(64, self.window // 8))
+        self.claim_max = max(1, self.window // 4)
+        self._lock = threading.Lock()
+        self._handles: dict[uuid.UUID, JobHandle] = {}
+        self._inflight = 0
+        self._quarantine = 0  # suspects running alone; nothing else is claimed meanwhile
+        self._flights: set[Flight] = set()
+        self._outcomes: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self.stopping = threading.Event()
+        self._dead = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.loop = asyncio.new_event_loop()
+        self.stats = {"claims": 0, "claimed": 0, "writes": 0, "written": 0}
+
+    # --- life cycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._register_worker()
+        loop_thread = threading.Thread(
+            target=self.loop.run_forever, name="engine-loop", daemon=True
+        )
+        loop_thread.start()
+        self._threads.append(loop_thread)
+        asyncio.run_coroutine_threadsafe(self.engine.start(), self.loop).result()
+        asyncio.run_coroutine_threadsafe(self._watch_deadlines(), self.loop)
+        for target, name in (
+            (self._claim_loop, "claimer"),
+            (self._write_loop, "writer"),
+            (self._housekeeping_loop, "housekeeper"),
+        ):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        log.info("runner %s ready: window=%d items", self.owner, self.window)
+
+    def begin_shutdown(self) -> None:
+        """Stop claiming and hand back what is in flight. Safe to call from a signal handler."""
+        if self.stopping.is_set():
+            return
+        log.warning("shutting down: releasing %d in-flight item(s)", self._inflight)
+        self.stopping.set()
+        self._wake.set()
+        self.loop.call_soon_threadsafe(self._abort_where, lambda f: True, "shutdown")
+
+    def close(self, timeout: float | None = None) -> None:
+        """Wait for the writer to store what it holds, then stop the engine."""
+        self.begin_shutdown()
+        deadline = time.monotonic() + (timeout or self.settings.shutdown_timeout_s)
+        while time.monotonic() < deadline and (self._inflight or not self._outcomes.empty()):
+            time.sleep(0.05)
+        self._outcomes.put(None)
+        for thread in self._threads:
+            if thread.name == "writer":
+                thread.join(max(0.0, deadline - time.monotonic()))
+        try:
+            future = asyncio.run_coroutine_threadsafe(self.engine.shutdown(), self.loop)
+            future.result(max(1.0, deadline - time.monotonic()))
+        except Exception:  # noqa: BLE001 - the process exits next; the reaper cleans up
+            log.exception("engine shutdown failed")
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        try:
+            with self.db.begin() as conn:
+                conn.execute(
+                    sa.text("UPDATE workers SET stopped_at = now() WHERE id = :id"),
+                    {"id": self.owner},
+                )
+        except Exception:  # noqa: BLE001 - best effort; the heartbeat lapses anyway
+            log.warning("could not mark worker %s stopped", self.owner)
+
+    def _register_worker(self) -> None:
+        def register() -> None:
+            with self.db.begin() as conn:
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO workers (id, hostname, pid, model) "
+                        "VALUES (:id, :host, :pid, :model)"
+                    ),
+                    {
+                        "id": self.owner,
+                        "host": socket.gethostname(),
+                        "pid": os.getpid(),
+                        "model": self.settings.model_name,
+                    },
+                )
+
+        retry_transient(register, attempts=30)
+
+    # --- driving a job (Celery task threads) -----------------------------------------------
+
+    def drive(self, job_id: uuid.UUID, report: Callable[[int, int], None]) -> dict[str, Any]:
+        """Drive one job: claim its items until the slice ends or none are left, report
+        progress, and return once everything this task claimed is stored."""
+        handle = self._attach(job_id)
+        if handle is None:
+            return {"job_id": str(job_id), "outcome": "not runnable here"}
+        slice_end = time.monotonic() + self.settings.task_slice_s
+        next_beat = 0.0
+        state = None
+        try:
+            while True:
+                handle.settled.wait(PROGRESS_INTERVAL_S)
+                handle.settled.clear()
+                now = time.monotonic()
+                # Postgres may restart under us: keep retrying rather than drop the job.
+                if now >= next_beat:
+                    state = retry_transient(
+                        lambda: self._heartbeat_job(job_id), should_stop=self._dead.is_set
+                    )
+                    next_beat = now + self.settings.heartbeat_s
+                else:
+                    state = retry_transient(
+                        lambda: self._job_state(job_id), should_stop=self._dead.is_set
+                    )
+                if state is None:
+                    break
+                report(state.done, state.total)
+                if state.status in (JobStatus.cancelling, JobStatus.cancelled) or state.expired:
+                    reason = "expired" if state.expired else "cancelled"
+                    handle.claim_open = False
+                    self.loop.call_soon_threadsafe(
+                        self._abort_where, lambda f: f.handle is handle, reason
+                    )
+                    if state.expired:
+                        retry_transient(lambda: self._expire(job_id), should_stop=self._dead.is_set)
+                elif state.status not in ledger.RUNNABLE:
+                    handle.claim_open = False
+                if now >= slice_end or self.stopping.is_set():
+                    handle.claim_open = False
+                if handle.unsettled == 0:
+                    if not handle.claim_open:
+                        break
+                    if handle.exhausted_until and state.pending == 0:
+                        break
+                    if state.pending > 0 and handle.exhausted_until:
+                        handle.exhausted_until = 0.0  # items came back (released); claim again
+                        self._wake.set()
+        finally:
+            with self._lock:
+                self._handles.pop(job_id, None)
+        pending = state.pending if state is not None else 0
+        if pending and (state is not None and state.status in ledger.RUNNABLE):
+            # Hand the job on: another thread or worker picks it up while our tail finishes.
+            self.publish(job_id)
+        return {"job_id": str(job_id), "done": state.done if state else 0, "pending": pending}
+
+    def _attach(self, job_id: uuid.UUID) -> JobHandle | None:
+        with self.db.connect() as conn:
+            row = conn.execute(
+                sa.text("SELECT model, params, priority, status FROM jobs WHERE id = :id"),
+                {"id": job_id},
+            ).first()
+        if row is None or row.status not in ledger.RUNNABLE:
+            return None
+        if row.model != self.settings.model_name:
+            with self.db.begin() as conn:
+                ledger.fail_job(
+                    conn,
+                    job_id,
+                    code="model_not_served",
+                    message=f"this deployment serves {self.settings.model_name!r}, "
+                    f"not {row.model!r}",
+                )
+            return None
+        with self._lock:
+            if job_id in self._handles or self.stopping.is_set():
+                return None  # another task of this process already drives it
+            handle = JobHandle(job_id=job_id, weight=1 + row.priority, params=row.params or {})
+            self._handles[job_id] = handle
+        self._wake.set()
+        return handle
+
+    def _job_state(self, job_id: uuid.UUID) -> ledger.JobState | None:
+        with self.db.connect() as conn:
+            return ledger.job_state(conn, job_id)
+
+    def _heartbeat_job(self, job_id: uuid.UUID) -> ledger.JobState | None:
+        with self.db.begin() as conn:
+            conn.execute(
+                sa.text("UPDATE jobs SET hinted_at = now() WHERE id = :id"), {"id": job_id}
+            )
+            return ledger.job_state(conn, job_id)
+
+    def _expire(self, job_id: uuid.UUID) -> None:
+        with self.db.begin() as conn:
+            ledger.expire_job(conn, job_id)
+
+    # --- claiming ---------------------------------------------------------------------------
+
+    def _claim_loop(self) -> None:
+        while not self.stopping.is_set():
+            self._wake.wait(0.1)
+            self._wake.clear()
+            try:
+                self._claim_round()
+            except Exception:  # noqa: BLE001 - keep claiming; the error is logged
+                log.exception("claim round failed")
+                time.sleep(1)
+
+    def _claimable(self) -> list[JobHandle]:
+        now = time.monotonic()
+        with self._lock:
+            return [h for h in self._handles.values() if h.claim_open and h.exhausted_until < now]
+
+    def _claim_round(self) -> None:
+        while not self.stopping.is_set() and not self._quarantine:
+            handles = self._claimable()
+            if not handles:
+                return
+            suspects = [h for h in handles if h.suspects]
+            if suspects:
+                # Drain the engine, then run one group of suspects alone.
+                if self._inflight == 0:
+                    self._claim_into(suspects[0], 0, suspects=True)
+                return
+            free = self.window - self._inflight
+            if free <= 0 or (free < self.claim_min and self._inflight > 0):
+                return
+            handle, n = self._pick(handles, free)
+            self._claim_into(handle, n, suspects=False)
+
+    def _pick(self, handles: list[JobHandle], free: int) -> tuple[JobHandle, int]:
+        """Weighted fair share: the job furthest below its share of the window goes next."""
+        total = sum(h.weight for h in handles)
+        best = max(handles, key=lambda h: self.window * h.weight / total - h.inflight)
+        deficit = self.window * best.weight / total - best.inflight
+        n = min(free, self.claim_max, max(self.claim_min, math.ceil(deficit)))
+        return best, max(1, n)
+
+    def _claim_into(self, handle: JobHandle, n: int, *, suspects: bool) -> None:
+        def claim() -> list[Claimed]:
+            with self.db.begin() as conn:
+                items = ledger.claim(
+                    conn,
+                    handle.job_id,
+                    owner=self.owner,
+                    n=n,
+                    lease_s=self.settings.lease_s,
+                    suspects=suspects,
+                )
+                if not items and not suspects:
+                    handle.suspects = ledger.has_suspects(conn, handle.job_id)
+                return items
+
+        claimed = retry_transient(claim, should_stop=self.stopping.is_set)
+        self.stats["claims"] += 1
+        self.stats["claimed"] += len(claimed)
+        if not claimed:
+            if suspects:
+                handle.suspects = False
+            if not handle.suspects:
+                handle.exhausted_until = time.monotonic() + 1.0
+            return
+        if suspects:
+            handle.suspects = False
+            log.warning("running %d crash suspect(s) of job %s alone", len(claimed), handle.job_id)
+        sampling = [
+            resolve_sampling(
+                handle.params, c.params, default_max_tokens=self.settings.default_max_tokens
+            )
+            for c in claimed
+        ]
+        prepared = self.engine.prepare(claimed, sampling)
+        flights: list[Flight] = []
+        now = time.monotonic()
+        with self._lock:
+            handle.unsettled += len(claimed)
+        for item, ready in zip(claimed, prepared, strict=True):
+            if isinstance(ready, ItemRejected):
+                self._outcomes.put(
+                    Outcome(None, item, handle, "rejected", code=ready.code, message=ready.message)
+                )
+                continue
+            flights.append(
+                Flight(
+                    claimed=item, prepared=ready, handle=handle, started=now, quarantined=suspects
+                )
+            )
+        with self._lock:
+            self._inflight += len(flights)
+            handle.inflight += len(flights)
+            if suspects:
+                self._quarantine += len(flights)
+        if flights:
+            self.loop.call_soon_threadsafe(self._launch, flights)
+
+    # --- the engine loop ----------------------------------------------------------------------
+
+    def _launch(self, flights: list[Flight]) -> None:
+        for flight in flights:
+            self._flights.add(flight)
+            flight.task = self.loop.create_task(self._run(flight))
+
+    async def _run(self, flight: Flight) -> None:
+        item = flight.claimed
+        request_id = f"{item.id}-{item.attempt}"
+        try:
+            generation = await self.engine.generate(request_id, flight.prepared)
+            outcome = Outcome(flight, item, flight.handle, "done", generation=generation)
+        except asyncio.CancelledError:
+            outcome = Outcome(
+                flight, item, flight.handle, "aborted", code=flight.abort_reason or ""
+            )
+        except EngineDead as error:
+            self._flights.discard(flight)
+            self._engine_died(error)
+            return
+        except ItemRejected as error:
+            outcome = Outcome(
+                flight, item, flight.handle, "rejected", code=error.code, message=error.message
+            )
+        except Exception as error:  # noqa: BLE001 - an unexpected per-item failure is retried
+            log.warning("item %s failed in the engine: %r", item.id, error)
+            outcome = Outcome(
+                flight, item, flight.handle, "error", code="engine_error", message=repr(error)
+            )
+        self._flights.discard(flight)
+        with self._lock:
+            self._inflight -= 1
+            flight.handle.inflight -= 1
+        self._outcomes.put(outcome)
+        self._wake.set()
+
+    def _abort_where(self, predicate: Callable[[Flight], bool], reason: str) -> None:
+        for flight in list(self._flights):
+            if flight.abort_reason is None and predicate(flight) and flight.task is not None:
+                flight.abort_reason = reason
+                flight.task.cancel()
+
+    async def _watch_deadlines(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            limit = time.monotonic() - self.settings.item_deadline_s
+            self._abort_where(lambda f, limit=limit: f.started < limit, "deadline")
+
+    def _engine_died(self, error: BaseException) -> None:
+        if self._dead.is_set():
+            return
+        self._dead.set()
+        self.stopping.set()
+        log.critical("the engine died (%s); releasing items and exiting for a restart", error)
+        threading.Thread(target=self._exit_after_crash, name="crash-exit", daemon=True).start()
+
+    def _exit_after_crash(self) -> None:
+        # Let the writer store what already finished, so only real in-flight items are
+        # released and the suspect count is right.
+        deadline = time.monotonic() + 5
+        while not self._outcomes.empty() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(self.settings.write_interval_s * 2)
+        try:
+            with self.db.begin() as conn:
+                ledger.release_crashed(
+                    conn,
+                    self.owner,
+                    max_attempts=self.settings.max_attempts,
+                    code="engine_crash",
+                    message="the inference engine died while this item was in flight",
+                )
+                conn.execute(
+                    sa.text("UPDATE workers SET stopped_at = now() WHERE id = :id"),
+                    {"id": self.owner},
+                )
+        except Exception:  # noqa: BLE001 - the sweeper releases them once our heartbeat stops
+            log.exception("could not release items after the engine died")
+        logging.shutdown()
+        os._exit(EXIT_ENGINE_DEAD)
+
+    # --- persisting -------------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        while True:
+            first = self._outcomes.get()
+            if first is None:
+                return
+            batch = [first]
+            deadline = time.monotonic() + self.settings.write_interval_s
+            closing = False
+            while len(batch) < self.settings.write_batch_max:
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
+                    break
+                try:
+                    nxt = self._outcomes.get(timeout=timeout)
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    closing = True
+                    break
+                batch.append(nxt)
+            self._persist(batch)
+            if closing:
+                return
+
+    def _persist(self, batch: list[Outcome]) -> None:
+        done: list[Done] = []
+        failed: list[Failed] = []
+        ended: dict[str, list[tuple[int, uuid.UUID, int]]] = {"cancelled": [], "expired": []}
+        released: list[tuple[int, uuid.UUID, int]] = []
+        for outcome in batch:
+            item = outcome.claimed
+            key = (item.id, item.job_id, item.attempt)
+            if outcome.kind == "done":
+                assert outcome.generation is not None and outcome.flight is not None
+                done.append(self._to_done(item, outcome.flight.prepared, outcome.generation))
+            elif outcome.kind == "rejected":
+                failed.append(Failed(*key, outcome.code, outcome.message, retryable=False))
+            elif outcome.kind == "error":
+                failed.append(Failed(*key, outcome.code, outcome.message, retryable=True))
+            elif outcome.code in ended:
+                ended[outcome.code].append(key)
+            elif outcome.code == "deadline":
+                message = f"no result within ITEM_DEADLINE_S={self.settings.item_deadline_s:g}s"
+                failed.append(Failed(*key, "timeout", message, retryable=True))
+            else:  # shutdown
+                released.append(key)
+
+        def write() -> None:
+            with self.db.begin() as conn:
+                ledger.complete(conn, self.owner, done)
+                ledger.fail(conn, self.owner, failed, max_attempts=self.settings.max_attempts)
+                for status, keys in ended.items():
+                    ledger.end_items(
+                        conn,
+                        self.owner,
+                        keys,
+                        status=ItemStatus(status),
+                        code=status,
+                        message=f"the job was {status} while this item ran",
+                    )
+                ledger.release(conn, self.owner, released)
+                ledger.finalize_jobs(conn, {o.claimed.job_id for o in batch})
+
+        try:
+            retry_transient(write, should_stop=self._dead.is_set)
+            self.stats["writes"] += 1
+            self.stats["written"] += len(batch)
+        except Exception:  # noqa: BLE001 - the leases lapse and the sweeper retries the items
+            log.exception("could not store %d result(s)", len(batch))
+        touched: set[JobHandle] = set()
+        with self._lock:
+            for outcome in batch:
+                outcome.handle.unsettled -= 1
+                touched.add(outcome.handle)
+                if outcome.flight is not None and outcome.flight.quarantined:
+                    self._quarantine -= 1
+        for handle in touched:
+            handle.settled.set()
+        self._wake.set()
+
+    def _to_done(self, item: Claimed, prepared: Prepared, gen: Generation) -> Done:
+        split = split_thinking(gen.text, opened_in_prompt=prepared.opened_in_prompt)
+        think = self.engine.think
+        return Done(
+            item_id=item.id,
+            job_id=item.job_id,
+            attempt=item.attempt,
+            thinking=split.thinking,
+            answer=split.answer,
+            finish_reason=gen.finish_reason,
+            thinking_truncated=split.truncated,
+            prompt_tokens=gen.prompt_tokens,
+            completion_tokens=len(gen.token_ids),
+            reasoning_tokens=count_reasoning_tokens(
+                gen.token_ids,
+                start_id=think.start_id,
+                end_id=think.end_id,
+                opened_in_prompt=prepared.opened_in_prompt,
+            ),
+        )
+
+    # --- housekeeping -----------------------------------------------------------------------
+
+    def _housekeeping_loop(self) -> None:
+        next_sweep = time.monotonic() + self.settings.sweep_interval_s * 0.5
+        while not self._dead.is_set():
+            try:
+                with self.db.begin() as conn:
+                    conn.execute(
+                        sa.text(
+                            "UPDATE workers SET heartbeat_at = now(), stopped_at = NULL "
+                            "WHERE id = :id"
+                        ),
+                        {"id": self.owner},
+                    )
+                if time.monotonic() >= next_sweep and not self.stopping.is_set():
+                    sweep(self.db, self.settings, self.publish)
+                    next_sweep = time.monotonic() + self.settings.sweep_interval_s
+            except Exception as error:  # noqa: BLE001 - Postgres may be restarting
+                log.warning("housekeeping failed: %s", error)
+            # Keep beating while shutting down: our leases stand until we release them.
+            self._dead.wait(self.settings.heartbeat_s)

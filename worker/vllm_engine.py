@@ -1,0 +1,213 @@
+"""The vLLM adapter: the only module in thinkbatch that imports vllm.
+
+vLLM's module paths and names move between releases (`reasoning_content` became `reasoning`,
+protocol modules moved), so everything thinkbatch touches is kept to a few stable entry points:
+`AsyncEngineArgs`, `AsyncLLM`, `SamplingParams`, `tokens_input` and the two exception types.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from vllm import SamplingParams
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.exceptions import VLLMClientError
+from vllm.inputs.engine import tokens_input
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.engine.exceptions import EngineDeadError
+
+from thinkbatch.ledger import Claimed
+from thinkbatch.sampling import Sampling
+from thinkbatch.settings import DEMO_MODEL
+from thinkbatch.settings import Settings
+from thinkbatch.thinking import THINK_END
+from thinkbatch.thinking import THINK_START
+from thinkbatch.thinking import prompt_opens_thinking
+from worker.engine import EngineDead
+from worker.engine import Generation
+from worker.engine import ItemRejected
+from worker.engine import Prepared
+from worker.engine import ThinkTokens
+
+log = logging.getLogger(__name__)
+
+
+def resolve_model(settings: Settings) -> str:
+    """MODEL, with the demo name mapped to the locally built checkpoint (built on first use)."""
+    if settings.model != DEMO_MODEL:
+        return settings.model
+    from demo.model import DEFAULT_DIR
+    from demo.model import ensure_demo_model
+
+    return str(ensure_demo_model(Path(DEFAULT_DIR)))
+
+
+def engine_args(settings: Settings, model: str) -> AsyncEngineArgs:
+    options: dict[str, Any] = {
+        "model": model,
+        "served_model_name": settings.model_name,
+        "dtype": settings.dtype,
+        "max_model_len": settings.max_model_len,
+        "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        # Set both explicitly: the offline and the async entry points pick different defaults.
+        "max_num_seqs": settings.max_num_seqs,
+        "max_num_batched_tokens": settings.max_num_batched_tokens,
+        "enforce_eager": settings.enforce_eager,
+        "enable_prefix_caching": settings.enable_prefix_caching,
+        "speculative_config": settings.speculative_config,
+        "seed": settings.seed,
+        "disable_log_stats": True,
+    }
+    options.update(settings.engine_extra_args)
+    return AsyncEngineArgs(**options)
+
+
+def configure_environment(settings: Settings) -> None:
+    """Process-wide knobs vLLM reads from the environment (its engine core inherits them)."""
+    if settings.cpu_kvcache_space_gib is not None:
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(settings.cpu_kvcache_space_gib)
+    # The engine core must be spawned, never forked from a process holding threads and CUDA.
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+
+
+class VLLMEngine:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.llm: AsyncLLM | None = None
+        self.tokenizer: Any = None
+        self.max_model_len = 0
+        self.think = ThinkTokens(None, None, None)
+        self._eos_ids: list[int] = []
+
+    async def start(self) -> None:
+        configure_environment(self.settings)
+        model = resolve_model(self.settings)
+        self.llm = AsyncLLM.from_engine_args(engine_args(self.settings, model))
+        self.tokenizer = self.llm.get_tokenizer()
+        self.max_model_len = self.llm.model_config.max_model_len
+        vocab = self.tokenizer.get_vocab()
+        self.think = ThinkTokens(
+            start_id=vocab.get(THINK_START),
+            end_id=vocab.get(THINK_END),
+            turn_start_id=vocab.get("<|im_start|>"),
+        )
+        log.info(
+            "vLLM engine ready: model=%s max_model_len=%d think_ids=%s",
+            model,
+            self.max_model_len,
+            self.think,
+        )
+
+    def _render(self, item: Claimed, sampling: Sampling) -> str:
+        if item.messages is None:
+            return item.prompt or ""
+        return self.tokenizer.apply_chat_template(
+            item.messages,
+            tokenize=False,
+            add_generation_prompt=True,
+            enable_thinking=sampling.enable_thinking,
+        )
+
+    def prepare(
+        self, items: Sequence[Claimed], sampling: Sequence[Sampling]
+    ) -> list[Prepared | ItemRejected]:
+        texts: list[str] = []
+        rendered: list[ItemRejected | None] = []
+        for item, params in zip(items, sampling, strict=True):
+            try:
+                texts.append(self._render(item, params))
+                rendered.append(None)
+            except Exception as error:  # noqa: BLE001 - a template error belongs to the item
+                texts.append("")
+                rendered.append(ItemRejected("template_error", f"chat template failed: {error}"))
+        # One batched call into the Rust tokenizer. Chat text already carries its special
+        # tokens; a raw prompt is encoded the way vLLM encodes completion prompts.
+        chat = [i for i, item in enumerate(items) if item.messages is not None]
+        raw = [i for i, item in enumerate(items) if item.messages is None]
+        ids: list[list[int]] = [[] for _ in items]
+        for group, special in ((chat, False), (raw, True)):
+            if group:
+                encoded = self.tokenizer(
+                    [texts[i] for i in group], add_special_tokens=special
+                ).input_ids
+                for i, token_ids in zip(group, encoded, strict=True):
+                    ids[i] = list(token_ids)
+        out: list[Prepared | ItemRejected] = []
+        for i, params in enumerate(sampling):
+            rejected = rendered[i]
+            if rejected is not None:
+                out.append(rejected)
+                continue
+            if len(ids[i]) >= self.max_model_len:
+                out.append(
+                    ItemRejected(
+                        "prompt_too_long",
+                        f"the prompt is {len(ids[i])} tokens; the model's context is "
+                        f"{self.max_model_len} tokens",
+                    )
+                )
+                continue
+            out.append(
+                Prepared(
+                    prompt_ids=ids[i],
+                    opened_in_prompt=prompt_opens_thinking(
+                        ids[i],
+                        start_id=self.think.start_id,
+                        end_id=self.think.end_id,
+                        turn_start_id=self.think.turn_start_id,
+                    ),
+                    sampling=params,
+                    native=self._sampling_params(params, len(ids[i])),
+                )
+            )
+        return out
+
+    def _sampling_params(self, s: Sampling, prompt_len: int) -> SamplingParams:
+        return SamplingParams(
+            # Never ask for more than the context leaves: the output stops at the context
+            # anyway, and the finish reason then honestly says "length".
+            max_tokens=max(1, min(s.max_tokens, self.max_model_len - prompt_len)),
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            seed=s.seed,
+            stop=list(s.stop) or None,
+            presence_penalty=s.presence_penalty,
+            repetition_penalty=s.repetition_penalty,
+            ignore_eos=s.ignore_eos,
+            # One output per request, not one Python object per generated token.
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    async def generate(self, request_id: str, prepared: Prepared) -> Generation:
+        assert self.llm is not None
+        final = None
+        try:
+            async for output in self.llm.generate(
+                tokens_input(prepared.prompt_ids), prepared.native, request_id
+            ):
+                final = output
+        except EngineDeadError as error:
+            raise EngineDead(str(error)) from error
+        except (VLLMClientError, ValueError) as error:  # request validation: retrying cannot help
+            raise ItemRejected("invalid_request", str(error)) from error
+        if final is None or not final.outputs:
+            raise RuntimeError("the engine returned no output")
+        completion = final.outputs[0]
+        return Generation(
+            token_ids=list(completion.token_ids),
+            text=completion.text,
+            finish_reason=completion.finish_reason or "abort",
+            prompt_tokens=len(final.prompt_token_ids or prepared.prompt_ids),
+        )
+
+    async def shutdown(self) -> None:
+        if self.llm is not None:
+            self.llm.shutdown()
+            self.llm = None
