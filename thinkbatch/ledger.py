@@ -166,7 +166,9 @@ def claim(
 ) -> list[Claimed]:
     """Lease up to `n` pending items of a runnable job (or one group of suspects) to `owner`."""
     state = lock_jobs(conn, [job_id]).get(job_id)
-    if state is None or state.status not in RUNNABLE or state.expired or n <= 0:
+    if state is None or state.status not in RUNNABLE or state.expired:
+        return []
+    if n <= 0 and not suspects:
         return []
     statement = _CLAIM_SUSPECTS if suspects else _CLAIM
     params: dict[str, Any] = {"job_id": job_id, "owner": owner, "lease_s": lease_s}

@@ -1,0 +1,207 @@
+"""Item state transitions against real Postgres: fenced writes, counts, and the sweeper."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import sqlalchemy as sa
+
+from tests.helpers import check_invariants
+from tests.helpers import seed_job
+from thinkbatch import ledger
+from thinkbatch.settings import Settings
+from thinkbatch.sweeper import SWEEP_LOCK_KEY
+from thinkbatch.sweeper import sweep
+
+
+def done_for(item: ledger.Claimed, text: str = "answer") -> ledger.Done:
+    return ledger.Done(item.id, item.job_id, item.attempt, "", text, "stop", False, 3, 4, 0)
+
+
+def claim(db: sa.Engine, job_id: uuid.UUID, owner: str, n: int = 10) -> list[ledger.Claimed]:
+    with db.begin() as conn:
+        return ledger.claim(conn, job_id, owner=owner, n=n, lease_s=60)
+
+
+def register(db: sa.Engine, *owners: str, stopped: bool = False) -> None:
+    with db.begin() as conn:
+        for owner in owners:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO workers (id, hostname, pid, model, stopped_at) "
+                    "VALUES (:id, 'h', 1, 'm', CASE WHEN :s THEN now() END)"
+                ),
+                {"id": owner, "s": stopped},
+            )
+
+
+def test_claims_never_overlap_and_complete_is_fenced(db: sa.Engine, settings: Settings) -> None:
+    job_id = seed_job(db, settings, n=10)
+    register(db, "w1", "w2")
+    a = claim(db, job_id, "w1", 6)
+    b = claim(db, job_id, "w2", 6)
+    assert len(a) == 6 and len(b) == 4
+    assert not {i.id for i in a} & {i.id for i in b}
+    assert [i.seq for i in a] == list(range(6))
+    with db.begin() as conn:
+        assert ledger.complete(conn, "w1", [done_for(i) for i in a]) == {i.id for i in a}
+        # A duplicate delivery of the same results, and a stranger's results, change nothing.
+        assert ledger.complete(conn, "w1", [done_for(i, "dup") for i in a]) == set()
+        assert ledger.complete(conn, "w1", [done_for(i) for i in b]) == set()
+        assert ledger.complete(conn, "w2", [done_for(i) for i in b]) == {i.id for i in b}
+        ledger.finalize_jobs(conn, [job_id])
+    counts = check_invariants(db, job_id)
+    assert counts["succeeded"] == 10
+    with db.connect() as conn:
+        answers = conn.execute(sa.text("SELECT DISTINCT answer FROM item_results")).scalars()
+        assert set(answers) == {"answer"}
+
+
+def test_concurrent_claims_from_many_threads(db: sa.Engine, settings: Settings) -> None:
+    job_id = seed_job(db, settings, n=300)
+    owners = [f"w{k}" for k in range(6)]
+    register(db, *owners)
+    got: dict[str, list[int]] = {}
+
+    def run(owner: str) -> None:
+        ids: list[int] = []
+        while batch := claim(db, job_id, owner, 7):
+            ids += [i.id for i in batch]
+        got[owner] = ids
+
+    threads = [threading.Thread(target=run, args=(o,)) for o in owners]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    every = [i for ids in got.values() for i in ids]
+    assert len(every) == len(set(every)) == 300
+    check_invariants(db, job_id, finished=False)
+
+
+def test_a_superseded_attempt_cannot_write(db: sa.Engine, settings: Settings) -> None:
+    job_id = seed_job(db, settings, n=1)
+    register(db, "w1")
+    (first,) = claim(db, job_id, "w1")
+    with db.begin() as conn:  # the lease lapses and the item is retried
+        conn.execute(sa.text("UPDATE items SET lease_expires_at = now() - interval '1 s'"))
+    sweep(db, settings, publish=lambda _: True)
+    (second,) = claim(db, job_id, "w1")
+    assert second.attempt == first.attempt + 1
+    with db.begin() as conn:
+        assert ledger.complete(conn, "w1", [done_for(first, "late")]) == set()
+        assert ledger.complete(conn, "w1", [done_for(second)]) == {second.id}
+
+
+def test_failures_retry_until_the_cap(db: sa.Engine, settings: Settings) -> None:
+    job_id = seed_job(db, settings, n=1)
+    register(db, "w1")
+    for attempt in range(1, settings.max_attempts + 1):
+        (item,) = claim(db, job_id, "w1")
+        assert item.attempt == attempt
+        with db.begin() as conn:
+            status = ledger.fail(
+                conn,
+                "w1",
+                [ledger.Failed(item.id, job_id, item.attempt, "engine_error", "boom", True)],
+                max_attempts=settings.max_attempts,
+            )
+        assert status == {item.id: "failed" if attempt == settings.max_attempts else "pending"}
+    with db.begin() as conn:
+        ledger.finalize_jobs(conn, [job_id])
+    assert check_invariants(db, job_id)["failed"] == 1
+
+
+def test_non_retryable_failure_is_final(db: sa.Engine, settings: Settings) -> None:
+    job_id = seed_job(db, settings, n=1)
+    register(db, "w1")
+    (item,) = claim(db, job_id, "w1")
+    with db.begin() as conn:
+        ledger.fail(
+            conn,
+            "w1",
+            [ledger.Failed(item.id, job_id, item.attempt, "prompt_too_long", "long", False)],
+            max_attempts=3,
+        )
+        ledger.finalize_jobs(conn, [job_id])
+    assert check_invariants(db, job_id)["failed"] == 1
+
+
+def test_sweeper_transitions(db: sa.Engine, settings: Settings) -> None:
+    """Seed rows in every state the sweeper judges and check each transition (River-style)."""
+    register(db, "alive")
+    register(db, "dead", stopped=True)
+    job_id = seed_job(db, settings, n=6)
+    alive = claim(db, job_id, "alive", 3)  # 0..2
+    claim(db, job_id, "dead", 2)  # 3..4; item 5 stays pending
+    with db.begin() as conn:
+        conn.execute(  # one of the live worker's leases lapsed
+            sa.text("UPDATE items SET lease_expires_at = now() - interval '1 s' WHERE id = :id"),
+            {"id": alive[0].id},
+        )
+        conn.execute(sa.text("UPDATE jobs SET hinted_at = NULL"))
+    published: list[uuid.UUID] = []
+    report = sweep(db, settings, publish=lambda j: published.append(j) or True)
+    assert report.ran
+    with db.connect() as conn:
+        rows = dict(conn.execute(sa.text("SELECT seq, status FROM items")).all())
+        crashes = dict(conn.execute(sa.text("SELECT seq, crashes FROM items")).all())
+        attempts = dict(conn.execute(sa.text("SELECT seq, attempts FROM items")).all())
+    assert rows == {
+        0: "pending",
+        1: "running",
+        2: "running",
+        3: "pending",
+        4: "pending",
+        5: "pending",
+    }
+    # The dead worker held two items: both become suspects, neither is charged the attempt.
+    assert (crashes[3], crashes[4], attempts[3], attempts[4]) == (1, 1, 0, 0)
+    # The lapsed lease of a live worker is a plain retry: the attempt stays counted.
+    assert (crashes[0], attempts[0]) == (0, 1)
+    assert published == [job_id]
+    check_invariants(db, job_id, finished=False)
+    # A second pass with fresh hints changes nothing.
+    again = sweep(db, settings, publish=lambda j: published.append(j) or True)
+    assert again.released == 0 and published == [job_id]
+
+
+def test_sweeper_runs_once_at_a_time(db: sa.Engine, settings: Settings) -> None:
+    with db.connect() as holder:
+        holder.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": SWEEP_LOCK_KEY})
+        assert not sweep(db, settings, publish=lambda _: True).ran
+        holder.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": SWEEP_LOCK_KEY})
+    assert sweep(db, settings, publish=lambda _: True).ran
+
+
+def test_a_lone_crash_counts_and_fails_at_the_cap(db: sa.Engine, settings: Settings) -> None:
+    job_id = seed_job(db, settings, n=1)
+    register(db, "w1")
+    for attempt in range(1, settings.max_attempts + 1):
+        assert claim(db, job_id, "w1", 1)
+        with db.begin() as conn:
+            ledger.release_crashed(conn, "w1", max_attempts=3, code="engine_crash", message="x")
+        with db.connect() as conn:  # a suspect is only claimable as a suspect
+            assert ledger.has_suspects(conn, job_id) == (attempt < settings.max_attempts)
+            assert claim(db, job_id, "w1", 1) == []
+        with db.begin() as conn:
+            conn.execute(sa.text("UPDATE items SET crashes = 0 WHERE status = 'pending'"))
+    with db.begin() as conn:
+        ledger.finalize_jobs(conn, [job_id])
+    with db.connect() as conn:
+        row = conn.execute(sa.text("SELECT status, attempts, error_code FROM items")).one()
+    assert tuple(row) == ("failed", 3, "engine_crash")
+    check_invariants(db, job_id)
+
+
+def test_suspects_are_claimed_in_halves(db: sa.Engine, settings: Settings) -> None:
+    job_id = seed_job(db, settings, n=9)
+    register(db, "w1")
+    claim(db, job_id, "w1", 8)
+    with db.begin() as conn:
+        ledger.release_crashed(conn, "w1", max_attempts=3, code="engine_crash", message="x")
+    assert [i.seq for i in claim(db, job_id, "w1", 10)] == [8]  # normal items first
+    with db.begin() as conn:
+        group = ledger.claim(conn, job_id, owner="w1", n=0, lease_s=60, suspects=True)
+    assert [i.seq for i in group] == [0, 1, 2, 3]

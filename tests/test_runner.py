@@ -1,0 +1,216 @@
+"""The runner in-process with the fake engine: saturation, fairness, cancel, expiry, timeouts."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from tests.conftest import make_settings
+from tests.helpers import check_invariants
+from tests.helpers import seed_job
+from thinkbatch.settings import Settings
+from worker.engine import create_engine
+from worker.runner import Runner
+
+
+class Harness:
+    def __init__(self, settings: Settings, db: sa.Engine):
+        self.settings = settings
+        self.db = db
+        self.published: list[uuid.UUID] = []
+        self.runners: list[Runner] = []
+
+    def runner(self, **overrides: Any) -> Runner:
+        settings = self.settings.model_copy(update=overrides) if overrides else self.settings
+        runner = Runner(
+            settings,
+            engine=create_engine(settings),
+            db=self.db,
+            publish=lambda job_id: self.published.append(job_id) or True,
+        )
+        runner.start()
+        self.runners.append(runner)
+        return runner
+
+    def drive(self, runner: Runner, job_id: uuid.UUID) -> tuple[threading.Thread, list[Any]]:
+        reports: list[Any] = []
+        thread = threading.Thread(
+            target=lambda: reports.append(runner.drive(job_id, lambda d, t: reports.append((d, t))))
+        )
+        thread.start()
+        return thread, reports
+
+    def close(self) -> None:
+        for runner in self.runners:
+            runner.close(timeout=5)
+
+
+@pytest.fixture
+def harness(database_url: str, redis_url: str, db: sa.Engine) -> Iterator[Harness]:
+    settings = make_settings(database_url, redis_url, engine_extra_args={"step_s": 0.002})
+    h = Harness(settings, db)
+    yield h
+    h.close()
+
+
+def job_row(db: sa.Engine, job_id: uuid.UUID) -> Any:
+    with db.connect() as conn:
+        return conn.execute(sa.text("SELECT * FROM jobs WHERE id = :id"), {"id": job_id}).one()
+
+
+def wait_status(db: sa.Engine, job_id: uuid.UUID, statuses: set[str], timeout: float = 30) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = job_row(db, job_id)
+        if row.status in statuses:
+            return row
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} still {job_row(db, job_id).status}")
+
+
+def test_a_job_runs_to_completion_with_the_engine_kept_full(harness: Harness) -> None:
+    runner = harness.runner()
+    job_id = seed_job(harness.db, harness.settings, n=400)
+    engine = runner.engine
+    depth: list[int] = []
+    sampling = True
+
+    def sample() -> None:
+        while sampling:
+            depth.append(len(engine._running) + len(engine._waiting))  # type: ignore[attr-defined]
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    thread, reports = harness.drive(runner, job_id)
+    thread.join(60)
+    sampling = False
+    sampler.join()
+    assert wait_status(harness.db, job_id, {"completed"}).succeeded == 400
+    check_invariants(harness.db, job_id)
+    outcome = reports[-1]
+    assert outcome["done"] == 400 and outcome["pending"] == 0
+    progress = [r for r in reports[:-1]]
+    assert progress == sorted(progress) and progress[-1] == (400, 400)
+    # Continuous batching: while most of the job remained, the engine held more than a
+    # full batch (max_num_seqs) at nearly every sample, i.e. it never drained between claims.
+    busy = depth[: len(depth) * 2 // 3]
+    full = sum(d >= harness.settings.max_num_seqs for d in busy) / len(busy)
+    assert full > 0.9, full
+    assert max(depth) <= harness.settings.inflight_window
+
+
+def test_a_small_job_is_not_starved_by_a_big_one(harness: Harness) -> None:
+    runner = harness.runner(engine_extra_args={"step_s": 0.004})
+    big = seed_job(harness.db, harness.settings, n=1500)
+    big_thread, _ = harness.drive(runner, big)
+    time.sleep(0.5)
+    small = seed_job(harness.db, harness.settings, n=40, priority=3)
+    small_thread, _ = harness.drive(runner, small)
+    small_thread.join(60)
+    small_done = job_row(harness.db, small)
+    big_progress = job_row(harness.db, big)
+    assert small_done.status == "completed"
+    assert big_progress.status == "running" and big_progress.pending > 0
+    big_thread.join(120)
+    check_invariants(harness.db, big)
+    check_invariants(harness.db, small)
+
+
+def test_two_workers_split_one_job_without_duplicates(harness: Harness) -> None:
+    a, b = harness.runner(), harness.runner()
+    job_id = seed_job(harness.db, harness.settings, n=600)
+    ta, _ = harness.drive(a, job_id)
+    tb, _ = harness.drive(b, job_id)
+    ta.join(60)
+    tb.join(60)
+    check_invariants(harness.db, job_id)
+    with harness.db.connect() as conn:
+        per_worker = dict(
+            conn.execute(
+                sa.text("SELECT worker_id, count(*) FROM item_results GROUP BY worker_id")
+            ).all()
+        )
+    assert set(per_worker) == {a.owner, b.owner}
+    assert min(per_worker.values()) > 100  # both did a real share
+
+
+def test_cancel_mid_job(harness: Harness, client) -> None:  # noqa: ANN001
+    runner = harness.runner(engine_extra_args={"step_s": 0.01})
+    job_id = seed_job(harness.db, harness.settings, n=300)
+    thread, _ = harness.drive(runner, job_id)
+    while job_row(harness.db, job_id).succeeded < 20:
+        time.sleep(0.02)
+    response = client.post(f"/v1/jobs/{job_id}/cancel")
+    assert response.status_code == 200
+    assert response.json["status"] in ("cancelling", "cancelled")
+    assert response.json["counts"]["pending"] == 0  # pending items end at once
+    thread.join(30)
+    row = wait_status(harness.db, job_id, {"cancelled"})
+    counts = check_invariants(harness.db, job_id)
+    assert counts["succeeded"] >= 20 and counts["cancelled"] > 0
+    assert row.succeeded + row.cancelled == 300
+    assert client.post(f"/v1/jobs/{job_id}/cancel").status_code == 409
+    lines = client.get(f"/v1/jobs/{job_id}/results?status=succeeded").data.splitlines()
+    assert len(lines) == counts["succeeded"]  # partial results stay downloadable
+
+
+def test_expiry_mid_job(harness: Harness) -> None:
+    runner = harness.runner(engine_extra_args={"step_s": 0.01})
+    job_id = seed_job(harness.db, harness.settings, n=300, completion_window=2)
+    thread, _ = harness.drive(runner, job_id)
+    thread.join(30)
+    row = wait_status(harness.db, job_id, {"expired"})
+    counts = check_invariants(harness.db, job_id)
+    assert counts["expired"] > 0 and counts["succeeded"] > 0
+    assert row.finished_at is not None
+
+
+def test_a_hung_item_times_out_and_the_rest_finish(harness: Harness) -> None:
+    runner = harness.runner(item_deadline_s=1.0, lease_s=5, max_attempts=2)
+    spec_items = [{"custom_id": f"i{k}", "prompt": f"p {k}"} for k in range(30)]
+    spec_items[7] = {"custom_id": "hang", "prompt": "[[hang]] forever"}
+    from sqlalchemy import orm
+
+    from thinkbatch import jobs as service
+    from thinkbatch.schemas import JobCreate
+
+    with orm.Session(harness.db) as session, session.begin():
+        job_id = service.create_job(
+            session, JobCreate.model_validate({"items": spec_items}), harness.settings
+        ).id
+    thread, _ = harness.drive(runner, job_id)
+    thread.join(30)
+    counts = check_invariants(harness.db, job_id)
+    assert (counts["succeeded"], counts["failed"]) == (29, 1)
+    with harness.db.connect() as conn:
+        hang = conn.execute(
+            sa.text("SELECT attempts, error_code FROM items WHERE custom_id = 'hang'")
+        ).one()
+    assert tuple(hang) == (2, "timeout")
+
+
+def test_graceful_shutdown_releases_items(harness: Harness) -> None:
+    runner = harness.runner(engine_extra_args={"step_s": 0.02})
+    job_id = seed_job(harness.db, harness.settings, n=200)
+    thread, reports = harness.drive(runner, job_id)
+    while job_row(harness.db, job_id).succeeded < 10:
+        time.sleep(0.02)
+    runner.begin_shutdown()
+    thread.join(10)
+    assert not thread.is_alive()
+    row = job_row(harness.db, job_id)
+    assert row.running == 0 and row.pending > 0  # released, not lost
+    assert harness.published == [job_id]  # and handed on to another worker
+    with harness.db.connect() as conn:
+        refunded = conn.execute(
+            sa.text("SELECT count(*) FROM items WHERE status = 'pending' AND attempts > 0")
+        ).scalar()
+    assert refunded == 0  # a graceful release costs no attempt
+    check_invariants(harness.db, job_id, finished=False)
