@@ -1,0 +1,28 @@
+# One command each; every target installs what it needs first (.venv, via scripts/install.py).
+PY := .venv/bin/python
+
+.PHONY: install demo test chaos bench bench-scale lint clean
+
+install:
+	@python3 scripts/install.py
+
+demo: install        ## a demo batch end to end on embedded PostgreSQL and Redis
+	$(PY) -m demo
+
+test: install        ## every test: unit, API, end to end with vLLM, chaos
+	$(PY) -m pytest
+
+chaos: install       ## only the chaos suite, with its one-line-per-scenario summary
+	$(PY) -m pytest tests/chaos -m chaos
+
+bench: install       ## raw engine vs the job system, same run
+	$(PY) -m bench.throughput
+
+bench-scale: install ## a 100,000-item job: submit, status, results
+	$(PY) -m bench.scale
+
+lint: install
+	$(PY) -m ruff check . && $(PY) -m ruff format --check .
+
+clean:
+	rm -rf .venv .thinkbatch

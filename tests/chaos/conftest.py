@@ -1,0 +1,91 @@
+"""Chaos suite fixtures: private PostgreSQL and Redis servers (so they can be restarted), a
+real API, and a report line per scenario printed at the end of the run."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from tests.conftest import migrate
+from tests.stacks import FAST_RECOVERY_ENV
+from tests.stacks import Client
+from tests.stacks import build_demo_model
+from tests.stacks import make_stack
+from thinkbatch.local_services import LocalPostgres
+from thinkbatch.local_services import LocalRedis
+from thinkbatch.stack import Stack
+
+
+@dataclass
+class ScenarioReport:
+    name: str
+    items: int
+    faults: int
+    lost: int
+    duplicated: int
+    recover_s: float
+    note: str = ""
+
+
+REPORTS: list[ScenarioReport] = []
+
+
+@dataclass
+class Chaos:
+    pg: LocalPostgres
+    redis: LocalRedis
+    database_url: str
+    db: sa.Engine
+    stack: Stack
+    client: Client
+    log_dir: Path
+
+    def worker_stack(self, name: str, **env: str) -> Stack:
+        """A stack for this scenario's workers (stopped by the scenario)."""
+        return make_stack(
+            self.log_dir / name, self.database_url, self.redis.url(0), **FAST_RECOVERY_ENV, **env
+        )
+
+
+@pytest.fixture(scope="session")
+def chaos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chaos]:
+    build_demo_model()
+    root = tmp_path_factory.mktemp("chaos")
+    pg = LocalPostgres(root / "pg", fast=True).start()
+    redis_server = LocalRedis(root / "redis").start()
+    url = pg.create_database("chaos")
+    migrate(url)
+    stack = make_stack(root / "api", url, redis_server.url(0), **FAST_RECOVERY_ENV)
+    api = stack.start_api()
+    assert api.port is not None
+    db = sa.create_engine(url, pool_pre_ping=True)
+    try:
+        yield Chaos(pg, redis_server, url, db, stack, Client(api.port), root)
+    finally:
+        stack.stop_all()
+        db.dispose()
+        redis_server.stop()
+        pg.stop()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not REPORTS:
+        return
+    write = terminalreporter.write_line
+    write("")
+    write("chaos scenarios (every item terminal, one result per item, counts = items):")
+    write(f"{'scenario':44} {'items':>5} {'faults':>6} {'lost':>4} {'dup':>4} {'recover_s':>9}")
+    for r in REPORTS:
+        write(
+            f"{r.name:44} {r.items:>5} {r.faults:>6} {r.lost:>4} {r.duplicated:>4} "
+            f"{r.recover_s:>9.1f}  {r.note}"
+        )
+
+
+def now() -> float:
+    return time.monotonic()

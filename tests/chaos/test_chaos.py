@@ -1,0 +1,319 @@
+"""Chaos scenarios against real processes: the API, Celery workers with the real vLLM CPU engine
+(a fault-injecting fake engine only for the poison item), and private PostgreSQL and Redis
+servers that get restarted. After recovery every scenario asserts: every item terminal, exactly
+one result row per succeeded item, the job's counts equal a count over its items, and no item
+`running` without a live lease."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+import uuid
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+import sqlalchemy as sa
+
+from tests.chaos.conftest import REPORTS
+from tests.chaos.conftest import Chaos
+from tests.chaos.conftest import ScenarioReport
+from tests.helpers import check_invariants
+from tests.stacks import VLLM_ENV
+from thinkbatch.queue import RUN_JOB
+from thinkbatch.queue import make_celery
+from thinkbatch.settings import Settings
+from thinkbatch.stack import Proc
+from thinkbatch.stack import Stack
+
+pytestmark = pytest.mark.chaos
+
+N_ITEMS = 300
+# Long enough outputs that a job lasts several seconds on the tiny model, so faults land mid-job.
+SLOW = {"ignore_eos": True, "max_tokens": 400, "temperature": 0}
+
+
+def items(n: int = N_ITEMS, prefix: str = "q") -> list[dict[str, Any]]:
+    return [
+        {"custom_id": f"{prefix}{k}", "messages": [{"role": "user", "content": f"Question {k}?"}]}
+        for k in range(n)
+    ]
+
+
+def measure(chaos: Chaos, job_id: str) -> tuple[int, int]:
+    """(lost, duplicated): items not terminal or succeeded without a result; extra results."""
+    with chaos.db.connect() as conn:
+        lost = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM items i LEFT JOIN item_results r ON r.item_id = i.id "
+                "WHERE i.job_id = :id AND (i.status IN ('pending', 'running') "
+                "OR (i.status = 'succeeded' AND r.item_id IS NULL))"
+            ),
+            {"id": job_id},
+        ).scalar_one()
+        duplicated = conn.execute(
+            sa.text(
+                "SELECT count(*) - count(DISTINCT i.custom_id) FROM item_results r "
+                "JOIN items i ON i.id = r.item_id WHERE r.job_id = :id"
+            ),
+            {"id": job_id},
+        ).scalar_one()
+    return lost, duplicated
+
+
+def finish(
+    chaos: Chaos, name: str, job_id: str, faults: int, fault_at: float, note: str = ""
+) -> dict[str, Any]:
+    job = chaos.client.wait(job_id, timeout=600)
+    recover = time.monotonic() - fault_at
+    counts = check_invariants(chaos.db, uuid.UUID(job_id))
+    lost, duplicated = measure(chaos, job_id)
+    REPORTS.append(
+        ScenarioReport(name, job["counts"]["total"], faults, lost, duplicated, recover, note)
+    )
+    assert lost == 0 and duplicated == 0
+    job["checked_counts"] = counts
+    return job
+
+
+def engine_gone(proc: Proc, timeout: float = 20) -> bool:
+    """No engine process of `proc` is left alive (the reaper kills orphans)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = [p for p in proc.engine_pids if psutil.pid_exists(p) and _not_zombie(p)]
+        if not alive:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def vllm_workers(chaos: Chaos, name: str) -> Stack:
+    return chaos.worker_stack(name, **VLLM_ENV)
+
+
+def test_kill_9_the_worker_three_times(chaos: Chaos) -> None:
+    stack = vllm_workers(chaos, "kill9")
+    try:
+        worker = stack.start_worker("w")
+        job = chaos.client.submit(items(), params=SLOW)
+        fault_at = 0.0
+        for k, fraction in enumerate((0.15, 0.4, 0.65)):
+            chaos.client.wait(job["id"], done=int(N_ITEMS * fraction))
+            worker.signal(signal.SIGKILL)
+            fault_at = time.monotonic()
+            worker.wait(10)
+            assert engine_gone(worker), f"orphan engine process after kill -9 #{k + 1}"
+            worker = stack.start_worker(f"w{k + 1}")
+        finish(chaos, "1. kill -9 the worker x3 (+restart)", job["id"], 3, fault_at,
+               "no orphan engine")  # fmt: skip
+    finally:
+        stack.stop_all()
+
+
+def test_two_workers_one_killed(chaos: Chaos) -> None:
+    stack = vllm_workers(chaos, "two")
+    try:
+        a = stack.start_worker("a", wait=False)
+        b = stack.start_worker("b", wait=False)
+        stack.wait_worker_ready(a)
+        stack.wait_worker_ready(b)
+        job = chaos.client.submit(items(), params=SLOW)
+        chaos.client.wait(job["id"], done=N_ITEMS // 3)
+        a.signal(signal.SIGKILL)
+        fault_at = time.monotonic()
+        done = finish(chaos, "2. two workers, one killed mid-job", job["id"], 1, fault_at)
+        assert engine_gone(a)
+        with chaos.db.connect() as conn:
+            workers = conn.execute(
+                sa.text("SELECT count(DISTINCT worker_id) FROM item_results WHERE job_id = :id"),
+                {"id": job["id"]},
+            ).scalar_one()
+        assert workers == 2  # both shared the job before one died
+        assert done["counts"]["succeeded"] == N_ITEMS
+    finally:
+        stack.stop_all()
+
+
+def test_redis_restart_mid_job_and_submit_while_redis_is_down(chaos: Chaos) -> None:
+    stack = vllm_workers(chaos, "redis")
+    try:
+        stack.start_worker("w")
+        job = chaos.client.submit(items(), params=SLOW)
+        chaos.client.wait(job["id"], done=N_ITEMS // 5)
+        chaos.redis.stop()  # this Redis keeps nothing on disk: the queues vanish
+        late = chaos.client.submit(items(20, "late"), params={"max_tokens": 32})
+        assert late["status"] == "queued"  # stored while Redis is down, no 500
+        time.sleep(2)
+        chaos.redis.start()
+        fault_at = time.monotonic()
+        finish(chaos, "3. restart Redis mid-job", job["id"], 1, fault_at)
+        finish(chaos, "3b. job submitted while Redis was down", late["id"], 1, fault_at)
+    finally:
+        stack.stop_all()
+
+
+def test_postgres_restart_mid_job(chaos: Chaos) -> None:
+    stack = vllm_workers(chaos, "postgres")
+    try:
+        stack.start_worker("w")
+        job = chaos.client.submit(items(), params=SLOW)
+        chaos.client.wait(job["id"], done=N_ITEMS // 5)
+        chaos.pg.stop()
+        during = httpx.get(f"{chaos.client.http.base_url}v1/jobs/{job['id']}", timeout=30)
+        assert during.status_code == 503, during.text  # unavailable, not a 500
+        assert during.json()["error"]["code"] == "database_unavailable"
+        time.sleep(3)
+        chaos.pg.start()
+        fault_at = time.monotonic()
+        finish(chaos, "4. restart Postgres mid-job", job["id"], 1, fault_at)
+    finally:
+        stack.stop_all()
+
+
+def test_duplicate_deliveries(chaos: Chaos) -> None:
+    stack = vllm_workers(chaos, "dup")
+    celery = make_celery(Settings(_env_file=None, redis_url=chaos.redis.url(0)))
+    try:
+        stack.start_worker("w")
+        job = chaos.client.submit(items(), params=SLOW)
+        chaos.client.wait(job["id"], done=N_ITEMS // 5)
+        for _ in range(2):  # the same message, delivered twice more while the job runs
+            celery.send_task(RUN_JOB, args=[job["id"]])
+        fault_at = time.monotonic()
+        done = finish(chaos, "5. same task delivered 3 times", job["id"], 2, fault_at)
+        before = _snapshot(chaos, job["id"])
+        celery.send_task(RUN_JOB, args=[job["id"]])  # and once more after it finished
+        time.sleep(3)
+        assert _snapshot(chaos, job["id"]) == before
+        assert done["counts"]["succeeded"] == N_ITEMS
+    finally:
+        stack.stop_all()
+
+
+def _snapshot(chaos: Chaos, job_id: str) -> list[Any]:
+    with chaos.db.connect() as conn:
+        return [
+            tuple(r)
+            for r in conn.execute(
+                sa.text(
+                    "SELECT i.id, i.status, i.attempts, r.created_at FROM items i "
+                    "LEFT JOIN item_results r ON r.item_id = i.id WHERE i.job_id = :id "
+                    "ORDER BY i.id"
+                ),
+                {"id": job_id},
+            )
+        ]
+
+
+class Supervisor:
+    """Restarts a worker whenever it exits, as systemd or Docker's restart policy would."""
+
+    def __init__(self, stack: Stack, name: str):
+        self.stack, self.name = stack, name
+        self.restarts = 0
+        self.exit_codes: list[int | None] = []
+        self._stop = threading.Event()
+        self.proc = stack.start_worker(name)
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            if not self.proc.alive():
+                self.exit_codes.append(self.proc.popen.returncode)
+                self.restarts += 1
+                self.proc = self.stack.start_worker(f"{self.name}-{self.restarts}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def test_poison_item_fails_alone(chaos: Chaos) -> None:
+    # The one scenario on the fault-injecting engine: a real vLLM crash cannot be planted.
+    stack = chaos.worker_stack(
+        "poison", ENGINE="fake", MAX_NUM_SEQS="8", ENGINE_EXTRA_ARGS='{"step_s": 0.01}'
+    )
+    batch = items(200)
+    batch[57] = {"custom_id": "poison", "prompt": "[[poison]] this prompt kills the engine"}
+    supervisor = Supervisor(stack, "w")
+    try:
+        job = chaos.client.submit(batch, params={"max_tokens": 32})
+        fault_at = time.monotonic()
+        done = finish(
+            chaos, "6. poison item (fake engine)", job["id"], 0, fault_at, "faults = crashes"
+        )
+        REPORTS[-1].faults = supervisor.restarts
+        with chaos.db.connect() as conn:
+            poison = conn.execute(
+                sa.text(
+                    "SELECT status, attempts, error_code FROM items WHERE custom_id = 'poison'"
+                ),
+            ).one()
+        assert tuple(poison) == ("failed", 3, "engine_crash")
+        assert done["counts"]["succeeded"] == 199 and done["counts"]["failed"] == 1
+        assert set(supervisor.exit_codes) == {3}  # every exit was "engine died, restart me"
+    finally:
+        supervisor.stop()
+        stack.stop_all()
+
+
+def test_sigterm_mid_job(chaos: Chaos) -> None:
+    stack = vllm_workers(chaos, "sigterm")
+    try:
+        worker = stack.start_worker("w")
+        job = chaos.client.submit(items(), params=SLOW)
+        chaos.client.wait(job["id"], done=N_ITEMS // 4)
+        worker.signal(signal.SIGTERM)
+        fault_at = time.monotonic()
+        code = worker.wait(30)
+        took = time.monotonic() - fault_at
+        assert code == 0, worker.log_text()[-3000:]
+        assert took < 20, took  # SHUTDOWN_TIMEOUT_S bounds it
+        assert engine_gone(worker, timeout=1), "the engine outlived a SIGTERM"
+        with chaos.db.connect() as conn:
+            running = conn.execute(
+                sa.text("SELECT count(*) FROM items WHERE job_id = :id AND status = 'running'"),
+                {"id": job["id"]},
+            ).scalar_one()
+        assert running == 0  # released on the way out, not left to a lease
+        stack.start_worker("w2")
+        finish(chaos, "7. SIGTERM mid-job (+restart)", job["id"], 1, fault_at,
+               f"exit 0 in {took:.1f}s")  # fmt: skip
+    finally:
+        stack.stop_all()
+
+
+def test_cancel_and_expiry_mid_job(chaos: Chaos) -> None:
+    stack = vllm_workers(chaos, "cancel")
+    try:
+        stack.start_worker("w")
+        job = chaos.client.submit(items(), params=SLOW)
+        chaos.client.wait(job["id"], done=N_ITEMS // 5)
+        cancelled = chaos.client.http.post(f"/v1/jobs/{job['id']}/cancel").json()
+        fault_at = time.monotonic()
+        assert cancelled["status"] in ("cancelling", "cancelled")
+        assert cancelled["counts"]["pending"] == 0
+        done = finish(chaos, "8a. cancel mid-job", job["id"], 1, fault_at)
+        assert done["status"] == "cancelled"
+        c = done["counts"]
+        assert c["succeeded"] > 0 and c["cancelled"] > 0
+        assert len(chaos.client.results(job["id"])) == N_ITEMS  # partial results downloadable
+        assert chaos.client.http.post(f"/v1/jobs/{job['id']}/cancel").status_code == 409
+
+        job = chaos.client.submit(items(), params=SLOW, completion_window=6)
+        done = finish(chaos, "8b. expiry mid-job", job["id"], 1, time.monotonic())
+        assert done["status"] == "expired"
+        assert done["counts"]["succeeded"] > 0 and done["counts"]["expired"] > 0
+    finally:
+        stack.stop_all()

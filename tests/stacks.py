@@ -1,0 +1,101 @@
+"""Real process stacks for the end-to-end and chaos tests: gunicorn API + Celery workers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+
+from tests.conftest import ROOT
+from thinkbatch.stack import Stack
+
+# The real engine on this CPU: the tiny demo Qwen3, eager mode (25 s start), small KV cache.
+VLLM_ENV = {
+    "ENGINE": "vllm",
+    "MODEL": "thinkbatch-demo",
+    "ENFORCE_EAGER": "true",
+    "GPU_MEMORY_UTILIZATION": "0.3",
+    "CPU_KVCACHE_SPACE_GIB": "1",
+    "MAX_MODEL_LEN": "512",
+    "MAX_NUM_SEQS": "32",
+    "MAX_NUM_BATCHED_TOKENS": "2048",
+}
+
+# Short timeouts so recovery happens within a test (they still nest as production's do).
+FAST_RECOVERY_ENV = {
+    "ITEM_DEADLINE_S": "60",
+    "LEASE_S": "90",
+    "VISIBILITY_TIMEOUT_S": "300",
+    "TASK_SLICE_S": "20",
+    "HEARTBEAT_S": "1",
+    "WORKER_DEAD_AFTER_S": "4",
+    "SWEEP_INTERVAL_S": "1",
+    "HINT_STALE_S": "3",
+    "SHUTDOWN_TIMEOUT_S": "20",
+    "WRITE_INTERVAL_S": "0.1",
+}
+
+
+def build_demo_model() -> None:
+    subprocess.run([sys.executable, "-m", "demo.model"], cwd=ROOT, check=True)
+
+
+def redis_db(url: str, db: int) -> str:
+    base = url.rsplit("/", 1)[0] if url.count("/") > 2 else url
+    return f"{base}/{db}"
+
+
+class Client:
+    def __init__(self, port: int):
+        self.http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
+
+    def submit(self, items: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
+        response = self.http.post("/v1/jobs", json={"items": items, **fields})
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self.http.get(f"/v1/jobs/{job_id}").raise_for_status().json()
+
+    def wait(self, job_id: str, timeout: float = 300, done: int | None = None) -> dict[str, Any]:
+        """Until the job is finished (or, with `done`, until that many items are terminal)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job = self.job(job_id)
+            c = job["counts"]
+            finished = c["succeeded"] + c["failed"] + c["cancelled"] + c["expired"]
+            if done is not None and finished >= done:
+                return job
+            if job["status"] not in ("queued", "running", "cancelling"):
+                return job
+            time.sleep(0.2)
+        raise AssertionError(f"job {job_id} not finished after {timeout}s: {self.job(job_id)}")
+
+    def all_items(self, job_id: str, page: int = 100) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        after = None
+        while True:
+            params: dict[str, Any] = {"limit": page}
+            if after:
+                params["after"] = after
+            body = self.http.get(f"/v1/jobs/{job_id}/items", params=params).json()
+            items += body["data"]
+            if not body["has_more"]:
+                return items
+            after = body["last_id"]
+
+    def results(self, job_id: str) -> list[str]:
+        return self.http.get(f"/v1/jobs/{job_id}/results").text.splitlines()
+
+
+def make_stack(log_dir: Path, database_url: str, redis_url: str, **env: str) -> Stack:
+    return Stack({"DATABASE_URL": database_url, "REDIS_URL": redis_url, **env}, log_dir)
+
+
+def engine_for(url: str) -> sa.Engine:
+    return sa.create_engine(url, pool_pre_ping=True)

@@ -1,0 +1,147 @@
+"""The full path with the real engine: HTTP -> Postgres -> Redis -> Celery worker with vLLM (CPU,
+the tiny demo Qwen3) -> Postgres -> HTTP."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import sqlalchemy as sa
+
+from tests.conftest import Servers
+from tests.conftest import migrate
+from tests.conftest import recreate_database
+from tests.helpers import check_invariants
+from tests.stacks import FAST_RECOVERY_ENV
+from tests.stacks import VLLM_ENV
+from tests.stacks import Client
+from tests.stacks import build_demo_model
+from tests.stacks import make_stack
+from tests.stacks import redis_db
+
+pytestmark = pytest.mark.e2e
+
+THINK = {"enable_thinking": True}
+NO_THINK = {"enable_thinking": False}
+ITEMS: list[dict[str, Any]] = [
+    {"custom_id": "think-zh", "messages": [{"role": "user", "content": "解释量子纠缠现象"}],
+     "params": THINK},
+    {"custom_id": "think-en", "messages": [{"role": "user", "content": "What is 2+2?"}],
+     "params": THINK},
+    {"custom_id": "default-mode", "messages": [{"role": "user", "content": "What is a KV cache?"}]},
+    {"custom_id": "nothink-en", "messages": [{"role": "user", "content": "Name a prime."}],
+     "params": NO_THINK},
+    {"custom_id": "nothink-zh", "messages": [{"role": "user", "content": "什么是连续批处理？"}],
+     "params": NO_THINK},
+    {"custom_id": "multi-turn", "params": THINK, "messages": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "What is vLLM?"},
+        {"role": "assistant", "content": "An inference engine for LLMs."},
+        {"role": "user", "content": "Why is it fast?"},
+    ]},
+    {"custom_id": "raw", "prompt": "问题：什么是 PagedAttention？\n回答："},
+    {"custom_id": "too-long", "messages": [{"role": "user", "content": "token " * 2000}]},
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def e2e(
+    servers: Servers, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Client, sa.Engine, str]]:
+    build_demo_model()
+    url = recreate_database(servers.postgres_admin_url, "thinkbatch_e2e")
+    migrate(url)
+    broker = redis_db(servers.redis_url, 11)
+    redis.Redis.from_url(broker).flushdb()
+    stack = make_stack(tmp_path_factory.mktemp("e2e"), url, broker, **VLLM_ENV, **FAST_RECOVERY_ENV)
+    try:
+        api = stack.start_api()
+        stack.start_worker("worker")
+        assert api.port is not None
+        yield Client(api.port), sa.create_engine(url), broker
+    finally:
+        stack.stop_all()
+
+
+def prompt_tokens(item: dict[str, Any]) -> int:
+    """What the prompt tokenizes to, computed independently with transformers."""
+    from transformers import AutoTokenizer
+
+    from demo.model import DEFAULT_DIR
+
+    tokenizer = AutoTokenizer.from_pretrained(str(Path(DEFAULT_DIR)))
+    if "prompt" in item:
+        return len(tokenizer(item["prompt"]).input_ids)
+    text = tokenizer.apply_chat_template(
+        item["messages"],
+        tokenize=False,
+        add_generation_prompt=True,
+        enable_thinking=item.get("params", {}).get("enable_thinking", True),
+    )
+    return len(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def test_a_job_end_to_end(e2e: tuple[Client, sa.Engine, str]) -> None:
+    client, db, broker = e2e
+    job = client.submit(ITEMS, params={"temperature": 0, "max_tokens": 200}, metadata={"t": "e2e"})
+    assert job["status"] == "queued" and job["counts"]["total"] == len(ITEMS)
+    job = client.wait(job["id"], timeout=300)
+    assert job["status"] == "completed", job
+    assert job["counts"]["succeeded"] == len(ITEMS) - 1 and job["counts"]["failed"] == 1
+    check_invariants(db, job["id"])
+
+    items = {item["custom_id"]: item for item in client.all_items(job["id"], page=3)}
+    assert list(items) == [i["custom_id"] for i in ITEMS]  # submission order, all pages
+    for spec in ITEMS:
+        got = items[spec["custom_id"]]
+        if spec["custom_id"] == "too-long":
+            assert got["status"] == "failed"
+            assert got["error"]["code"] == "prompt_too_long"
+            assert "tokens" in got["error"]["message"] and "512" in got["error"]["message"]
+            continue
+        assert got["status"] == "succeeded", got
+        thinking_on = "messages" in spec and spec.get("params", {}).get("enable_thinking", True)
+        usage = got["usage"]
+        assert got["answer"], got
+        assert bool(got["thinking"]) == thinking_on, got
+        assert got["finish_reason"] in ("stop", "length")
+        assert got["thinking_truncated"] is False
+        assert usage["prompt_tokens"] == prompt_tokens(spec)
+        if thinking_on:
+            assert 0 < usage["reasoning_tokens"] < usage["completion_tokens"], got
+        else:
+            assert usage["reasoning_tokens"] == 0, got
+        assert got["attempts"] == 1 and got["error"] is None
+        assert got["started_at"] <= got["finished_at"]
+
+    totals = {k: sum((i["usage"] or {}).get(k, 0) for i in items.values()) for k in job["usage"]}
+    assert totals == job["usage"]
+    # The JSONL download holds exactly the records of the items endpoint.
+    assert [json.loads(line) for line in client.results(job["id"])] == list(items.values())
+
+    # Flower's view: the task reported the custom PROGRESS state with {job_id, done, total}.
+    backend = redis.Redis.from_url(broker)
+    states = [json.loads(backend.get(k)) for k in backend.scan_iter("celery-task-meta-*")]
+    progress = [s for s in states if s["status"] == "PROGRESS"]
+    assert any(
+        s["result"] == {"job_id": job["id"], "done": len(ITEMS), "total": len(ITEMS)}
+        for s in progress
+    ), progress
+
+
+def test_thinking_cut_by_max_tokens_is_flagged(e2e: tuple[Client, sa.Engine, str]) -> None:
+    client, db, _ = e2e
+    job = client.submit(
+        [{"custom_id": "cut", "messages": [{"role": "user", "content": "What is vLLM?"}]}],
+        params={"temperature": 0, "max_tokens": 4, "enable_thinking": True},
+    )
+    job = client.wait(job["id"], timeout=120)
+    (item,) = client.all_items(job["id"])
+    assert item["finish_reason"] == "length"
+    assert item["thinking_truncated"] is True
+    assert item["thinking"] and item["answer"] == ""
+    assert item["usage"]["reasoning_tokens"] == item["usage"]["completion_tokens"] == 4

@@ -1,0 +1,169 @@
+"""Run thinkbatch's processes on one machine: the API (gunicorn), GPU workers (Celery) and Flower.
+
+The demo, the benchmark and the end-to-end and chaos tests all start the real processes through
+this module, each with its own environment (the settings), log file and lifetime.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from dataclasses import field
+from pathlib import Path
+
+import psutil
+
+from thinkbatch.local_services import free_port
+from thinkbatch.local_services import wait_for_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    port: int | None = None
+    engine_pids: list[int] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.kill(self.pid, sig)
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+class Stack:
+    def __init__(self, env: Mapping[str, str], log_dir: Path):
+        self.env = {**os.environ, **env}
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.procs: list[Proc] = []
+
+    def _spawn(self, name: str, args: list[str], env: Mapping[str, str] | None = None) -> Proc:
+        log = self.log_dir / f"{name}.log"
+        with log.open("ab") as out:
+            popen = subprocess.Popen(
+                args,
+                cwd=ROOT,
+                env={**self.env, **(env or {})},
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                # Own process group: a terminal's Ctrl-C reaches the launcher, which then
+                # stops its children in order instead of all at once.
+                start_new_session=True,
+            )
+        proc = Proc(name=name, popen=popen, log=log)
+        self.procs.append(proc)
+        return proc
+
+    def start_api(self, port: int | None = None, workers: int = 2) -> Proc:
+        port = port or free_port()
+        proc = self._spawn(
+            "api",
+            [
+                sys.executable, "-m", "gunicorn", "api.wsgi:app",
+                "--bind", f"127.0.0.1:{port}", "--workers", str(workers),
+                "--timeout", "300", "--access-logfile", "-",
+            ],
+        )  # fmt: skip
+        proc.port = port
+        wait_for_port(port, timeout=60)
+        return proc
+
+    def start_worker(
+        self, name: str = "worker", env: Mapping[str, str] | None = None, wait: bool = True
+    ) -> Proc:
+        proc = self._spawn(
+            name,
+            [
+                sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
+                "-n", f"{name}@%h", "-E", "-l", "INFO", "--without-mingle", "--without-gossip",
+            ],
+            env,
+        )  # fmt: skip
+        if wait:
+            self.wait_worker_ready(proc)
+        return proc
+
+    def wait_worker_ready(self, proc: Proc, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not proc.alive():
+                raise RuntimeError(f"{proc.name} exited:\n{proc.log_text()[-3000:]}")
+            if " ready." in proc.log_text():
+                proc.engine_pids = [
+                    c.pid for c in psutil.Process(proc.pid).children(recursive=True)
+                ]
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"{proc.name} not ready after {timeout}s:\n{proc.log_text()[-3000:]}")
+
+    def start_flower(self, port: int | None = None) -> Proc:
+        port = port or free_port()
+        proc = self._spawn(
+            "flower",
+            [
+                sys.executable, "-m", "celery", "-A", "worker.celery_app", "flower",
+                f"--port={port}", "--address=127.0.0.1",
+            ],
+            # Flower imports the Celery app but must not load the engine: it never sends
+            # worker_init. Its HTTP API stays local to this machine.
+            {"FLOWER_UNAUTHENTICATED_API": "true"},
+        )  # fmt: skip
+        proc.port = port
+        wait_for_port(port, timeout=60)
+        return proc
+
+    def stop(self, proc: Proc, timeout: float = 60) -> int | None:
+        """SIGTERM, wait, then SIGKILL the process and anything it left behind."""
+        descendants = _descendants(proc.pid)
+        proc.signal(signal.SIGTERM)
+        code = proc.wait(timeout)
+        if code is None:
+            proc.signal(signal.SIGKILL)
+            code = proc.wait(10)
+        _kill_all(descendants)
+        return code
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.alive():
+                self.stop(proc)
+        self.procs.clear()
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _kill_all(procs: list[psutil.Process]) -> None:
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
