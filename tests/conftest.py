@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 import redis
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
 from flask import Flask
 from flask.testing import FlaskClient
 
 from api import create_app
+from thinkbatch.db import migrate
 from thinkbatch.local_services import LocalPostgres
 from thinkbatch.local_services import LocalRedis
 from thinkbatch.settings import Settings
@@ -47,16 +46,6 @@ def recreate_database(admin_url: str, name: str) -> str:
         conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
     engine.dispose()
     return _with_database(admin_url, name)
-
-
-def migrate(url: str, revision: str = "head", *, down: bool = False) -> None:
-    """Run the repository's Alembic migrations on `url` (upgrade, or downgrade with down)."""
-    config = Config(toml_file=str(ROOT / "pyproject.toml"))
-    engine = sa.create_engine(url)
-    with engine.begin() as conn:
-        config.attributes["connection"] = conn
-        (command.downgrade if down else command.upgrade)(config, revision)
-    engine.dispose()
 
 
 @pytest.fixture(scope="session")

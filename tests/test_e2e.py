@@ -13,7 +13,6 @@ import redis
 import sqlalchemy as sa
 
 from tests.conftest import Servers
-from tests.conftest import migrate
 from tests.conftest import recreate_database
 from tests.helpers import check_invariants
 from tests.stacks import FAST_RECOVERY_ENV
@@ -22,6 +21,7 @@ from tests.stacks import Client
 from tests.stacks import build_demo_model
 from tests.stacks import make_stack
 from tests.stacks import redis_db
+from thinkbatch.db import migrate
 
 pytestmark = pytest.mark.e2e
 

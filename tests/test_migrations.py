@@ -7,8 +7,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from tests.conftest import Servers
-from tests.conftest import migrate
 from tests.conftest import recreate_database
+from thinkbatch.db import migrate
 from thinkbatch.models import Base
 
 

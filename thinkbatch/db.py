@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import sqlalchemy as sa
@@ -29,6 +30,20 @@ def make_engine(settings: Settings, **kwargs: object) -> sa.Engine:
     }
     options.update(kwargs)
     return sa.create_engine(url, **options)
+
+
+def migrate(url: str, revision: str = "head", *, down: bool = False) -> None:
+    """Run the repository's Alembic migrations on `url` (upgrade, or downgrade with down)."""
+    from alembic import command
+    from alembic.config import Config
+
+    root = Path(__file__).resolve().parent.parent
+    config = Config(toml_file=str(root / "pyproject.toml"))
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        (command.downgrade if down else command.upgrade)(config, revision)
+    engine.dispose()
 
 
 def make_sessionmaker(engine: sa.Engine) -> orm.sessionmaker[orm.Session]:

@@ -79,14 +79,20 @@ class LocalPostgres:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
 
     def _run(self, *args: str) -> None:
-        subprocess.run(
+        done = subprocess.run(
             [str(self.bin / args[0]), *args[1:]],
-            check=True,
+            # Drop the caller's groups too: as root's group, "group" bits (often ---) would
+            # apply to root-owned parent folders instead of the "other" bits opened above.
             user=self.user,
+            group=self.user,
+            extra_groups=[] if self.user else None,
+            cwd=self.data_dir,  # the server user may not be allowed into the caller's cwd
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             timeout=120,
         )
+        if done.returncode != 0:
+            raise RuntimeError(f"{args[0]} failed: {done.stderr.decode(errors='replace')}")
 
     def _prepare(self) -> None:
         if self.user is not None:

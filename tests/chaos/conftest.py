@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from tests.conftest import migrate
 from tests.stacks import FAST_RECOVERY_ENV
 from tests.stacks import Client
 from tests.stacks import build_demo_model
 from tests.stacks import make_stack
+from thinkbatch.db import migrate
 from thinkbatch.local_services import LocalPostgres
 from thinkbatch.local_services import LocalRedis
 from thinkbatch.stack import Stack
