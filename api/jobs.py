@@ -35,9 +35,9 @@ def _limit() -> int:
 @bp.post("")
 def create() -> tuple[dict[str, object], int]:
     svc = services()
-    spec = service.parse_job(request.get_data(cache=False), svc.settings)
     with svc.sessions.begin() as session:
-        job = service.create_job(session, spec, svc.settings)
+        # Read and store the body as it streams; any invalid item rolls everything back.
+        job = service.create_job_from_stream(session, request.stream, svc.settings)
         out = service.job_out(job)
         copies = service.fanout(job, svc.settings)
     # After the commit: a worker must find the rows. If Redis is down the job still stands;

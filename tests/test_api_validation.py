@@ -147,3 +147,29 @@ def test_bad_query_parameters(client: FlaskClient, db: sa.Engine, query: str) ->
     response = client.get(f"/v1/jobs/{created.json['id']}/items?{query}")
     assert response.status_code == 400
     assert response.json["error"]["param"] == query.split("=")[0]
+
+
+def test_a_bad_item_late_in_a_large_job_stores_nothing(client: FlaskClient, db: sa.Engine) -> None:
+    items: list[dict[str, Any]] = [{"prompt": f"p{k}"} for k in range(6000)]
+    items[5500] = {"prompt": 7}
+    response = client.post("/v1/jobs", json={"items": items})
+    assert response.status_code == 400
+    assert response.json["error"]["param"] == "items[5500].prompt"
+    with db.connect() as conn:  # the 5,500 items streamed before it were rolled back
+        assert conn.execute(sa.text("SELECT count(*) FROM items")).scalar() == 0
+        assert conn.execute(sa.text("SELECT count(*) FROM jobs")).scalar() == 0
+
+
+def test_a_custom_id_equal_to_a_generated_one(client: FlaskClient, db: sa.Engine) -> None:
+    body = {"items": [{"prompt": "a"}, {"custom_id": "item-0", "prompt": "b"}]}
+    response = client.post("/v1/jobs", json=body)
+    assert response.status_code == 400
+    assert response.json["error"]["param"] == "items[1].custom_id"
+    assert "generated for items[0]" in response.json["error"]["message"]
+
+
+def test_generated_ids_avoid_earlier_custom_ids(client: FlaskClient, db: sa.Engine) -> None:
+    body = {"items": [{"custom_id": "item-1", "prompt": "a"}, {"prompt": "b"}]}
+    job = client.post("/v1/jobs", json=body).json
+    ids = [i["custom_id"] for i in client.get(f"/v1/jobs/{job['id']}/items").json["data"]]
+    assert ids == ["item-1", "item-1_"]

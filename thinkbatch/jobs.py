@@ -11,11 +11,12 @@ from collections.abc import Iterator
 from datetime import UTC
 from datetime import datetime
 from datetime import timedelta
+from typing import BinaryIO
 
 import sqlalchemy as sa
-from pydantic import ValidationError
 from sqlalchemy import orm
 
+from thinkbatch import ingest
 from thinkbatch import ledger
 from thinkbatch.models import Item
 from thinkbatch.models import ItemResult
@@ -24,9 +25,11 @@ from thinkbatch.models import Job
 from thinkbatch.models import JobStatus
 from thinkbatch.schemas import Counts
 from thinkbatch.schemas import ErrorInfo
+from thinkbatch.schemas import ItemIn
 from thinkbatch.schemas import ItemOut
 from thinkbatch.schemas import ItemPage
 from thinkbatch.schemas import JobCreate
+from thinkbatch.schemas import JobHeader
 from thinkbatch.schemas import JobOut
 from thinkbatch.schemas import JobPage
 from thinkbatch.schemas import Usage
@@ -49,78 +52,6 @@ class Conflict(Exception):
     pass
 
 
-def field_path(loc: tuple[int | str, ...]) -> str:
-    """('items', 3, 'messages', 0, 'role') -> 'items[3].messages[0].role'."""
-    path = ""
-    for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        else:
-            path += f".{part}" if path else str(part)
-    return path
-
-
-def parse_job(body: bytes, settings: Settings) -> JobCreate:
-    """Validate a request body fully before anything is stored."""
-    try:
-        spec = JobCreate.model_validate_json(body)
-    except ValidationError as error:
-        first = error.errors(include_url=False)[0]
-        if first["type"] == "json_invalid":
-            raise InvalidRequest(
-                f"request body is not valid JSON: {first['msg']}", code="invalid_json"
-            ) from None
-        loc = tuple(part for part in first["loc"] if part not in ("function-after",))
-        # Union branches show up in the location as type names; they say nothing to a user.
-        loc = tuple(p for p in loc if not (isinstance(p, str) and p in ("str", "list[str]")))
-        param = field_path(loc) or None
-        message = first["msg"]
-        if message.startswith("Value error, "):
-            message = message[len("Value error, ") :]
-        text = f"{param}: {message}" if param else message
-        raise InvalidRequest(text, param=param, code=first["type"]) from None
-    check_job(spec, settings)
-    return spec
-
-
-def check_job(spec: JobCreate, settings: Settings) -> None:
-    """Checks that depend on settings or span several items."""
-    if spec.model is not None and spec.model != settings.model_name:
-        raise InvalidRequest(
-            f"model: unknown model {spec.model!r}; this deployment serves {settings.model_name!r}",
-            param="model",
-            code="model_not_found",
-        )
-    if len(spec.items) > settings.max_items_per_job:
-        raise InvalidRequest(
-            f"items: {len(spec.items)} items, more than the limit of {settings.max_items_per_job}",
-            param="items",
-            code="too_many_items",
-        )
-    if spec.completion_window is not None and (
-        spec.completion_window > settings.max_completion_window_s
-    ):
-        raise InvalidRequest(
-            f"completion_window: at most {settings.max_completion_window_s} seconds",
-            param="completion_window",
-        )
-    _check_max_tokens(spec.params.max_tokens, "params.max_tokens", settings)
-    seen: dict[str, int] = {}
-    for index, item in enumerate(spec.items):
-        if item.params is not None:
-            _check_max_tokens(item.params.max_tokens, f"items[{index}].params.max_tokens", settings)
-        if item.custom_id is None:
-            continue
-        first = seen.setdefault(item.custom_id, index)
-        if first != index:
-            raise InvalidRequest(
-                f"items[{index}].custom_id: duplicate custom_id {item.custom_id!r} "
-                f"(first used by items[{first}])",
-                param=f"items[{index}].custom_id",
-                code="duplicate_custom_id",
-            )
-
-
 def _check_max_tokens(value: int | None, param: str, settings: Settings) -> None:
     if value is not None and value > settings.max_tokens_cap:
         raise InvalidRequest(
@@ -130,60 +61,165 @@ def _check_max_tokens(value: int | None, param: str, settings: Settings) -> None
         )
 
 
-def _custom_ids(spec: JobCreate) -> list[str]:
-    given = {item.custom_id for item in spec.items if item.custom_id is not None}
-    ids: list[str] = []
-    for index, item in enumerate(spec.items):
-        if item.custom_id is not None:
-            ids.append(item.custom_id)
-            continue
-        candidate = f"item-{index}"
-        while candidate in given:  # never collide with an id the user chose
-            candidate += "_"
-        given.add(candidate)
-        ids.append(candidate)
-    return ids
+def _check_header(header: JobHeader, settings: Settings) -> None:
+    if header.model is not None and header.model != settings.model_name:
+        raise InvalidRequest(
+            f"model: unknown model {header.model!r}; this deployment serves "
+            f"{settings.model_name!r}",
+            param="model",
+            code="model_not_found",
+        )
+    if header.completion_window is not None and (
+        header.completion_window > settings.max_completion_window_s
+    ):
+        raise InvalidRequest(
+            f"completion_window: at most {settings.max_completion_window_s} seconds",
+            param="completion_window",
+        )
+    _check_max_tokens(header.params.max_tokens, "params.max_tokens", settings)
 
 
-def create_job(session: orm.Session, spec: JobCreate, settings: Settings) -> Job:
-    """Store the job and all its items in the session's transaction (COPY for the items)."""
+class _Items:
+    """Checks that span items (custom_id uniqueness, the item limit) and their COPY rows."""
+
+    def __init__(self, job_id: uuid.UUID, settings: Settings):
+        self.job_id = job_id
+        self.settings = settings
+        self.ids: dict[str, int] = {}  # custom_id -> index; generated ones are negative
+        self.count = 0
+
+    def row(self, index: int, item: ItemIn) -> tuple[object, ...]:
+        if index >= self.settings.max_items_per_job:
+            raise InvalidRequest(
+                f"items: more than the limit of {self.settings.max_items_per_job} items",
+                param="items",
+                code="too_many_items",
+            )
+        if item.params is not None:
+            _check_max_tokens(
+                item.params.max_tokens, f"items[{index}].params.max_tokens", self.settings
+            )
+        custom_id = item.custom_id
+        if custom_id is None:
+            custom_id = f"item-{index}"
+            while custom_id in self.ids:  # never collide with an id the user chose
+                custom_id += "_"
+            self.ids[custom_id] = -1 - index
+        else:
+            first = self.ids.setdefault(custom_id, index)
+            if first != index:
+                param = f"items[{index}].custom_id"
+                if first < 0:
+                    raise InvalidRequest(
+                        f"{param}: {custom_id!r} is the id generated for items[{-1 - first}], "
+                        f"which has no custom_id; give it one",
+                        param=param,
+                        code="duplicate_custom_id",
+                    )
+                raise InvalidRequest(
+                    f"{param}: duplicate custom_id {custom_id!r} (first used by items[{first}])",
+                    param=param,
+                    code="duplicate_custom_id",
+                )
+        self.count += 1
+        messages = (
+            json.dumps([m.model_dump() for m in item.messages], ensure_ascii=False)
+            if item.messages is not None
+            else None
+        )
+        params = item.params.overrides() if item.params is not None else None
+        return (
+            self.job_id,
+            index,
+            custom_id,
+            messages,
+            item.prompt,
+            json.dumps(params) if params else None,
+            ItemStatus.pending.value,
+        )
+
+
+_COPY_ITEMS = "COPY items (job_id, seq, custom_id, messages, prompt, params, status) FROM STDIN"
+
+
+def _copy(session: orm.Session, rows: Iterator[tuple[object, ...]]) -> None:
+    driver = session.connection().connection.driver_connection
+    assert driver is not None
+    with driver.cursor() as cursor, cursor.copy(_COPY_ITEMS) as copy:
+        for row in rows:
+            copy.write_row(row)
+
+
+def _new_job(session: orm.Session, settings: Settings) -> Job:
     now = datetime.now(UTC)
-    window = spec.completion_window or settings.default_completion_window_s
     job = Job(
         id=uuid.uuid4(),
         status=JobStatus.queued,
         model=settings.model_name,
-        params=spec.params.overrides(),
-        meta=dict(spec.metadata),
-        priority=spec.priority,
+        params={},
+        meta={},
         created_at=now,
-        expires_at=now + timedelta(seconds=window),
+        expires_at=now + timedelta(seconds=settings.default_completion_window_s),
     )
     session.add(job)
     session.flush()
-    driver = session.connection().connection.driver_connection
-    assert driver is not None
-    copy_sql = "COPY items (job_id, seq, custom_id, messages, prompt, params, status) FROM STDIN"
-    with driver.cursor() as cursor, cursor.copy(copy_sql) as copy:
-        for seq, (item, custom_id) in enumerate(zip(spec.items, _custom_ids(spec), strict=True)):
-            messages = (
-                json.dumps([m.model_dump() for m in item.messages], ensure_ascii=False)
-                if item.messages is not None
-                else None
-            )
-            params = item.params.overrides() if item.params is not None else None
-            copy.write_row(
-                (
-                    job.id,
-                    seq,
-                    custom_id,
-                    messages,
-                    item.prompt,
-                    json.dumps(params) if params else None,
-                    ItemStatus.pending.value,
-                )
-            )
+    return job
+
+
+def _apply_header(session: orm.Session, job: Job, header: JobHeader, settings: Settings) -> None:
+    job.params = header.params.overrides()
+    job.meta = dict(header.metadata)
+    job.priority = header.priority
+    window = header.completion_window or settings.default_completion_window_s
+    job.expires_at = job.created_at + timedelta(seconds=window)
+    session.flush()
     session.refresh(job)  # counters come from the insert trigger
+
+
+def create_job(session: orm.Session, spec: JobCreate, settings: Settings) -> Job:
+    """Store a job given as a validated `JobCreate`, in the session's transaction."""
+    _check_header(spec, settings)
+    job = _new_job(session, settings)
+    items = _Items(job.id, settings)
+    _copy(session, (items.row(i, item) for i, item in enumerate(spec.items)))
+    _apply_header(session, job, spec, settings)
+    return job
+
+
+def create_job_from_stream(session: orm.Session, body: BinaryIO, settings: Settings) -> Job:
+    """Store a job read from a JSON request body, validating as it streams (see ingest)."""
+    try:
+        job = _new_job(session, settings)
+        items = _Items(job.id, settings)
+        fields: dict[str, object] = {}
+        saw_items = False
+
+        def rows() -> Iterator[tuple[object, ...]]:
+            nonlocal saw_items
+            for kind, value in ingest.read_body(body):
+                if kind == "field":
+                    key, raw = value
+                    fields[key] = raw
+                elif kind == "items":
+                    saw_items = True
+                else:
+                    yield items.row(items.count, ingest.parse_item(items.count, value))
+
+        _copy(session, rows())
+        if not saw_items:
+            ingest.parse_header(fields)  # a bad header field is the better message
+            raise InvalidRequest("items: Field required", param="items", code="missing")
+        if items.count == 0:
+            raise InvalidRequest(
+                "items: List should have at least 1 item after validation, not 0",
+                param="items",
+                code="too_short",
+            )
+        header = ingest.parse_header(fields)
+    except ingest.BodyError as error:
+        raise InvalidRequest(error.message, param=error.param, code=error.code) from None
+    _check_header(header, settings)
+    _apply_header(session, job, header, settings)
     return job
 
 

@@ -63,12 +63,13 @@ class ItemIn(BaseModel):
         return self
 
 
-class JobCreate(BaseModel):
+class JobHeader(BaseModel):
+    """Everything of a job request but its items."""
+
     model_config = _INPUT
 
     model: str | None = Field(None, min_length=1, max_length=256)
     params: SamplingParamsIn = Field(default_factory=SamplingParamsIn)
-    items: list[ItemIn] = Field(min_length=1)
     metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] = (
         Field(default_factory=dict, max_length=16)
     )
@@ -76,6 +77,12 @@ class JobCreate(BaseModel):
     completion_window: int | None = Field(
         None, gt=0, description="Seconds until unfinished items expire."
     )
+
+
+class JobCreate(JobHeader):
+    """POST /v1/jobs."""
+
+    items: list[ItemIn] = Field(min_length=1)
 
 
 class Counts(BaseModel):

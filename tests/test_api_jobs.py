@@ -1,0 +1,86 @@
+"""The REST contract without a worker: shapes, pagination, streaming results, cancel."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import sqlalchemy as sa
+from flask.testing import FlaskClient
+
+from tests.helpers import check_invariants
+
+JOB_KEYS = ["id", "status", "model", "priority", "created_at", "started_at", "finished_at",
+            "expires_at", "counts", "usage", "metadata", "error"]  # fmt: skip
+ITEM_KEYS = ["custom_id", "status", "thinking", "answer", "finish_reason", "thinking_truncated",
+             "usage", "attempts", "error", "started_at", "finished_at"]  # fmt: skip
+
+
+def submit(client: FlaskClient, n: int, **fields: Any) -> dict[str, Any]:
+    items = [{"custom_id": f"c{k}", "prompt": f"p{k}"} for k in range(n)]
+    response = client.post("/v1/jobs", json={"items": items, **fields})
+    assert response.status_code == 201, response.json
+    return response.json
+
+
+def test_create_and_get(client: FlaskClient, db: sa.Engine) -> None:
+    job = submit(client, 3, metadata={"team": "search"}, params={"max_tokens": 9}, priority=2)
+    assert list(job) == JOB_KEYS
+    assert job["status"] == "queued" and job["model"] == "thinkbatch-demo"
+    assert job["counts"] == {"total": 3, "pending": 3, "running": 0, "succeeded": 0,
+                             "failed": 0, "cancelled": 0, "expired": 0}  # fmt: skip
+    assert job["usage"] == {"prompt_tokens": 0, "completion_tokens": 0, "reasoning_tokens": 0}
+    assert job["metadata"] == {"team": "search"} and job["priority"] == 2
+    assert client.get(f"/v1/jobs/{job['id']}").json == job
+    check_invariants(db, job["id"], finished=False)
+
+
+def test_items_pages_in_submission_order(client: FlaskClient, db: sa.Engine) -> None:
+    job = submit(client, 25)
+    seen: list[str] = []
+    after = None
+    while True:
+        query = f"?limit=10&after={after}" if after else "?limit=10"
+        page = client.get(f"/v1/jobs/{job['id']}/items{query}").json
+        assert all(list(item) == ITEM_KEYS for item in page["data"])
+        seen += [item["custom_id"] for item in page["data"]]
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    assert seen == [f"c{k}" for k in range(25)]
+    pending = client.get(f"/v1/jobs/{job['id']}/items?status=pending&limit=1000").json
+    assert len(pending["data"]) == 25 and not pending["has_more"]
+    assert client.get(f"/v1/jobs/{job['id']}/items?status=succeeded").json["data"] == []
+
+
+def test_results_stream_matches_items(client: FlaskClient, db: sa.Engine) -> None:
+    job = submit(client, 2500)
+    response = client.get(f"/v1/jobs/{job['id']}/results")
+    assert response.mimetype == "application/x-ndjson"
+    lines = [json.loads(line) for line in response.data.splitlines()]
+    items = client.get(f"/v1/jobs/{job['id']}/items?limit=1000").json["data"]
+    assert len(lines) == 2500 and lines[:1000] == items
+
+
+def test_list_jobs_newest_first(client: FlaskClient, db: sa.Engine) -> None:
+    ids = [submit(client, 1)["id"] for _ in range(5)]
+    page = client.get("/v1/jobs?limit=2").json
+    assert [j["id"] for j in page["data"]] == ids[::-1][:2] and page["has_more"]
+    rest = client.get(f"/v1/jobs?limit=10&after={page['last_id']}").json
+    assert [j["id"] for j in rest["data"]] == ids[::-1][2:] and not rest["has_more"]
+
+
+def test_cancel_a_queued_job(client: FlaskClient, db: sa.Engine) -> None:
+    job = submit(client, 4)
+    cancelled = client.post(f"/v1/jobs/{job['id']}/cancel").json
+    assert cancelled["status"] == "cancelled"  # nothing ran, so nothing to wait for
+    assert cancelled["counts"]["cancelled"] == 4 and cancelled["finished_at"]
+    again = client.post(f"/v1/jobs/{job['id']}/cancel")
+    assert again.status_code == 409 and again.json["error"]["type"] == "conflict"
+    check_invariants(db, job["id"])
+
+
+def test_health(client: FlaskClient, db: sa.Engine) -> None:
+    assert client.get("/healthz").json == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json["checks"] == {"database": "ok", "redis": "ok"}
