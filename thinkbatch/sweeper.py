@@ -39,8 +39,14 @@ class SweepReport:
 
 
 def sweep(
-    engine: sa.Engine, settings: Settings, publish: Callable[[uuid.UUID], bool]
+    engine: sa.Engine,
+    settings: Settings,
+    publish: Callable[[uuid.UUID], bool],
+    *,
+    judge_workers: bool = True,
 ) -> SweepReport:
+    """One recovery pass. `judge_workers=False` skips declaring workers dead: right after a
+    database outage every heartbeat looks stale, and live workers need a moment to beat."""
     report = SweepReport()
     with engine.connect() as lock_conn:
         got = lock_conn.execute(
@@ -51,6 +57,8 @@ def sweep(
             return report
         try:
             report.ran = True
+            if judge_workers:
+                _release_dead(engine, settings, report)
             _sweep(engine, settings, publish, report)
         finally:
             lock_conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": SWEEP_LOCK_KEY})
@@ -58,12 +66,7 @@ def sweep(
     return report
 
 
-def _sweep(
-    engine: sa.Engine,
-    settings: Settings,
-    publish: Callable[[uuid.UUID], bool],
-    report: SweepReport,
-) -> None:
+def _release_dead(engine: sa.Engine, settings: Settings, report: SweepReport) -> None:
     with engine.begin() as conn:
         report.dead_workers = list(
             conn.execute(
@@ -102,6 +105,13 @@ def _sweep(
             else:
                 report.released += ledger.release_lapsed(conn, owner)
 
+
+def _sweep(
+    engine: sa.Engine,
+    settings: Settings,
+    publish: Callable[[uuid.UUID], bool],
+    report: SweepReport,
+) -> None:
     with engine.connect() as conn:
         expired = (
             conn.execute(

@@ -586,6 +586,8 @@ class Runner:
 
     def _housekeeping_loop(self) -> None:
         next_sweep = time.monotonic() + self.settings.sweep_interval_s * 0.5
+        last_beat = time.monotonic()
+        judge_after = 0.0
         while not self._dead.is_set():
             try:
                 with self.db.begin() as conn:
@@ -596,8 +598,14 @@ class Runner:
                         ),
                         {"id": self.owner},
                     )
-                if time.monotonic() >= next_sweep and not self.stopping.is_set():
-                    sweep(self.db, self.settings, self.publish)
+                now = time.monotonic()
+                if now - last_beat > 2 * self.settings.heartbeat_s + 1:
+                    # We could not reach Postgres for a while, nor could the other workers:
+                    # give them time to beat again before judging anyone dead.
+                    judge_after = now + self.settings.worker_dead_after_s
+                last_beat = now
+                if now >= next_sweep and not self.stopping.is_set():
+                    sweep(self.db, self.settings, self.publish, judge_workers=now >= judge_after)
                     next_sweep = time.monotonic() + self.settings.sweep_interval_s
             except Exception as error:  # noqa: BLE001 - Postgres may be restarting
                 log.warning("housekeeping failed: %s", error)
