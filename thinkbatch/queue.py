@@ -46,9 +46,12 @@ def make_celery(settings: Settings) -> Celery:
         task_track_started=True,
         task_send_sent_event=True,
         worker_send_task_events=True,
-        # A message is acknowledged after its task returns, and a worker reserves one message
-        # per free thread, so a dead worker's hints return to the queue, not to limbo.
-        task_acks_late=True,
+        # Acknowledge a hint when its task starts. Postgres knows every unfinished item and the
+        # sweeper re-enqueues any job whose hint is lost, so late acks would add nothing but
+        # (a) duplicate redeliveries after the visibility timeout and (b) kombu 5.7 killing the
+        # worker when Redis drops while a message is unacked (seen here: AttributeError in
+        # restore_unacked_once, "Unrecoverable error"). One message reserved per free thread.
+        task_acks_late=False,
         worker_prefetch_multiplier=1,
         task_publish_retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.5},
     )
