@@ -139,7 +139,9 @@ class Stack:
                 raise RuntimeError(f"{proc.name} exited:\n{proc.log_text()[-3000:]}")
             if " ready." in proc.log_text():
                 proc.engine_pids = [
-                    c.pid for c in psutil.Process(proc.pid).children(recursive=True)
+                    c.pid
+                    for c in psutil.Process(proc.pid).children(recursive=True)
+                    if "worker.reaper" not in " ".join(c.cmdline())
                 ]
                 return
             time.sleep(0.2)

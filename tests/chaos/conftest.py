@@ -3,7 +3,6 @@ real API, and a report line per scenario printed at the end of the run."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,8 @@ class ScenarioReport:
     faults: int
     lost: int
     duplicated: int
-    recover_s: float
+    recover_s: float  # from the end of the last fault to the next finished item
+    finish_s: float  # from the end of the last fault to the job's end
     note: str = ""
 
 
@@ -79,13 +79,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     write = terminalreporter.write_line
     write("")
     write("chaos scenarios (every item terminal, one result per item, counts = items):")
-    write(f"{'scenario':44} {'items':>5} {'faults':>6} {'lost':>4} {'dup':>4} {'recover_s':>9}")
+    write(
+        f"{'scenario':40} {'items':>5} {'faults':>6} {'lost':>4} {'dup':>4} "
+        f"{'recover_s':>9} {'finish_s':>8}"
+    )
     for r in REPORTS:
         write(
-            f"{r.name:44} {r.items:>5} {r.faults:>6} {r.lost:>4} {r.duplicated:>4} "
-            f"{r.recover_s:>9.1f}  {r.note}"
+            f"{r.name:40} {r.items:>5} {r.faults:>6} {r.lost:>4} {r.duplicated:>4} "
+            f"{r.recover_s:>9.1f} {r.finish_s:>8.1f}  {r.note}"
         )
-
-
-def now() -> float:
-    return time.monotonic()
