@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -88,9 +89,19 @@ def run_raw(n: int, max_tokens: int) -> dict[str, float]:
     return asyncio.run(main())
 
 
-def run_system(stack: Stack, database_url: str, n: int, max_tokens: int) -> dict[str, float]:
+def run_system(
+    stack: Stack, database_url: str, n: int, max_tokens: int, profile: Path | None
+) -> dict[str, float]:
     api = stack.start_api(workers=2)
-    stack.start_worker("worker")
+    worker = stack.start_worker("worker")
+    spy = None
+    if profile is not None:  # sample the worker's Python stacks while the job runs
+        spy = subprocess.Popen(
+            [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(worker.pid),
+             "--rate", "50", "--gil", "--nonblocking", "--format", "raw", "--output", str(profile)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        time.sleep(1)
     client = httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=300)
     body = {
         "items": prompts(n),
@@ -103,6 +114,9 @@ def run_system(stack: Stack, database_url: str, n: int, max_tokens: int) -> dict
     while job["status"] in ("queued", "running"):
         time.sleep(0.1)
         job = client.get(f"/v1/jobs/{job['id']}").raise_for_status().json()
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(30)
     if job["status"] != "completed" or job["counts"]["succeeded"] != n:
         raise RuntimeError(f"the benchmark job did not complete: {job}")
     engine = sa.create_engine(database_url)
@@ -122,10 +136,54 @@ def run_system(stack: Stack, database_url: str, n: int, max_tokens: int) -> dict
     }
 
 
+def write_capacity(database_url: str, n: int = 6000, batch: int = 500) -> float:
+    """Rows/s the worker's result statement (ledger.complete) stores, apart from the engine."""
+    from sqlalchemy import orm
+
+    from thinkbatch import jobs as service
+    from thinkbatch import ledger
+    from thinkbatch.schemas import JobCreate
+
+    settings = Settings(database_url=database_url)
+    engine = sa.create_engine(database_url)
+    spec = JobCreate.model_validate({"items": [{"prompt": f"p{k}"} for k in range(n)]})
+    with orm.Session(engine) as session, session.begin():
+        job_id = service.create_job(session, spec, settings).id
+        session.execute(
+            sa.text("INSERT INTO workers (id, hostname, pid, model) VALUES ('bench', 'h', 0, 'm')")
+        )
+    with engine.begin() as conn:
+        claimed = ledger.claim(conn, job_id, owner="bench", n=n, lease_s=600)
+    text = "Continuous batching keeps the engine busy. " * 6
+    done = [ledger.Done(c.id, job_id, c.attempt, text, text, "length", False, 20, 64, 30)
+            for c in claimed]  # fmt: skip
+    started = time.perf_counter()
+    for k in range(0, n, batch):
+        with engine.begin() as conn:
+            ledger.complete(conn, "bench", done[k : k + batch])
+    elapsed = time.perf_counter() - started
+    engine.dispose()
+    return n / elapsed
+
+
+def top_frames(folded: Path, limit: int = 12) -> list[tuple[float, str]]:
+    """Share of the worker's samples by innermost frame, from py-spy's raw output."""
+    counts: dict[str, int] = {}
+    total = 0
+    for line in folded.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        leaf = stack.rsplit(";", 1)[-1]
+        counts[leaf] = counts.get(leaf, 0) + int(n)
+        total += int(n)
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:limit]
+    return [(100 * c / max(total, 1), frame) for frame, c in ranked]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--items", type=int, default=2000)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--profile", action="store_true", help="py-spy the worker (needs py-spy)")
     parser.add_argument("--raw-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.raw_only:  # child process of the raw arm
@@ -167,7 +225,9 @@ def main() -> int:
     raw = json.loads(raw_out.stdout.strip().splitlines()[-1])
     stack = Stack(env, tmp / "logs")
     try:
-        system = run_system(stack, database_url, args.items, args.max_tokens)
+        profile = tmp / "worker.folded" if args.profile else None
+        system = run_system(stack, database_url, args.items, args.max_tokens, profile)
+        capacity = write_capacity(database_url)
     finally:
         stack.stop_all()
         for service in reversed(services):
@@ -187,7 +247,14 @@ def main() -> int:
     print(f"overhead per item: {(system['seconds'] - raw['seconds']) / n * 1000:.2f} ms")
     print(f"submit ({n} items over HTTP): {system['submit_seconds']:.2f} s")
     print(f"time to first stored result: {system['first_result_seconds']:.2f} s")
-    print(f"result rows written to Postgres: {system['rows_per_second']:.0f} rows/s")
+    print(
+        f"result rows written to Postgres: {system['rows_per_second']:.0f} rows/s in this run "
+        f"(engine-bound); the writer's statement alone: {capacity:,.0f} rows/s"
+    )
+    if profile is not None and profile.exists():
+        print("worker profile (py-spy, share of samples by innermost frame):")
+        for share, frame in top_frames(profile):
+            print(f"  {share:5.1f}%  {frame}")
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cpus, python {platform.python_version()}"
     )

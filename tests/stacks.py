@@ -19,6 +19,7 @@ VLLM_ENV = {
     "ENGINE": "vllm",
     "MODEL": "thinkbatch-demo",
     "ENFORCE_EAGER": "true",
+    "DTYPE": "float32",
     "GPU_MEMORY_UTILIZATION": "0.3",
     "CPU_KVCACHE_SPACE_GIB": "1",
     "MAX_MODEL_LEN": "512",
