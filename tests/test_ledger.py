@@ -205,3 +205,11 @@ def test_suspects_are_claimed_in_halves(db: sa.Engine, settings: Settings) -> No
     with db.begin() as conn:
         group = ledger.claim(conn, job_id, owner="w1", n=0, lease_s=60, suspects=True)
     assert [i.seq for i in group] == [0, 1, 2, 3]
+    with db.begin() as conn:  # the first half succeeds: the second half runs whole
+        ledger.complete(conn, "w1", [done_for(i) for i in group])
+        rest = ledger.claim(conn, job_id, owner="w1", n=0, lease_s=60, suspects=True)
+    assert [i.seq for i in rest] == [4, 5, 6, 7]
+    with db.begin() as conn:  # it crashes: that half is the next tier, halved again
+        ledger.release_crashed(conn, "w1", max_attempts=3, code="engine_crash", message="x")
+        nxt = ledger.claim(conn, job_id, owner="w1", n=0, lease_s=60, suspects=True)
+    assert [(i.seq, i.crashes) for i in nxt] == [(4, 2), (5, 2)]

@@ -227,9 +227,10 @@ def create_job_from_stream(session: orm.Session, body: BinaryIO, settings: Setti
 
 
 def fanout(job: Job, settings: Settings) -> int:
-    """Task messages for a new job: one per engine window of items, up to JOB_FANOUT, so that
-    several workers share a big job while a small one costs one message."""
-    return max(1, min(settings.job_fanout, math.ceil(job.total / settings.inflight_window)))
+    """Task messages for a new job: one per FANOUT_ITEMS items, up to JOB_FANOUT, so that idle
+    workers join a big job while a small one costs one message. A worker that already drives
+    the job drops an extra message at once."""
+    return max(1, min(settings.job_fanout, math.ceil(job.total / settings.fanout_items)))
 
 
 def job_out(job: Job) -> JobOut:

@@ -126,22 +126,24 @@ _CLAIM = sa.text(
     """
 )
 
-# Items that were in flight when an engine or a worker died are suspects. They run apart, half
-# of the most-crashed ones at a time, so a poison item is cornered in a few engine deaths and
-# its batch-mates are not charged for it (see `release_crashed`).
+# Items that were in flight when an engine or a worker died are suspects. They run apart from
+# everything else, the most-crashed tier in two halves, so a poison item is cornered in a few
+# engine deaths and its batch-mates are not charged for it (see `release_crashed`). A tier's
+# size counts its members that already finished, so the second half runs whole instead of
+# being halved again.
 _CLAIM_SUSPECTS = sa.text(
     """
     WITH top AS (
         SELECT max(crashes) AS crashes FROM items
         WHERE job_id = :job_id AND status = 'pending' AND crashes > 0
-    ), ranked AS (
-        SELECT i.id FROM items AS i, top
-        WHERE i.job_id = :job_id AND i.status = 'pending' AND i.crashes = top.crashes
-        ORDER BY i.seq
+    ), tier AS (
+        SELECT count(*) AS n FROM items
+        WHERE job_id = :job_id AND crashes = (SELECT crashes FROM top)
     ), picked AS (
-        SELECT id FROM items WHERE id IN (SELECT id FROM ranked)
+        SELECT id FROM items
+        WHERE job_id = :job_id AND status = 'pending' AND crashes = (SELECT crashes FROM top)
         ORDER BY seq
-        LIMIT greatest(1, ceil((SELECT count(*) FROM ranked) / 2.0))::int
+        LIMIT (SELECT greatest(1, ceil(n / 2.0))::int FROM tier)
         FOR UPDATE SKIP LOCKED
     )
     UPDATE items AS i SET

@@ -118,7 +118,10 @@ class Settings(BaseSettings):
         2.0, ge=1, description="Items kept in the engine = inflight_factor x MAX_NUM_SEQS."
     )
     job_fanout: int = Field(
-        4, ge=1, description="Task messages for a large job, so that several workers share it."
+        4, ge=1, description="Most task messages for one job, so that several workers share it."
+    )
+    fanout_items: int = Field(
+        256, ge=1, description="A new job gets a task message per this many items (to JOB_FANOUT)."
     )
     write_interval_s: float = Field(0.2, gt=0, description="Result writer flush period.")
     write_batch_max: int = Field(1000, ge=1, description="Most results per writer transaction.")
