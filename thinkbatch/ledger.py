@@ -108,6 +108,17 @@ def job_state(conn: sa.Connection, job_id: uuid.UUID) -> JobState | None:
     return JobState(*row) if row else None
 
 
+# Lease the picked items to :owner and count the attempt; shared by both claims below.
+_LEASE_PICKED = """
+    UPDATE items AS i SET
+        status = 'running', attempts = i.attempts + 1, lease_owner = :owner,
+        lease_expires_at = now() + make_interval(secs => :lease_s),
+        started_at = coalesce(i.started_at, now())
+    FROM picked WHERE i.id = picked.id
+    RETURNING i.id, i.job_id, i.seq, i.custom_id, i.messages, i.prompt, i.params,
+              i.attempts, i.crashes
+"""
+
 _CLAIM = sa.text(
     """
     WITH picked AS (
@@ -116,14 +127,8 @@ _CLAIM = sa.text(
         ORDER BY seq LIMIT :n
         FOR UPDATE SKIP LOCKED
     )
-    UPDATE items AS i SET
-        status = 'running', attempts = i.attempts + 1, lease_owner = :owner,
-        lease_expires_at = now() + make_interval(secs => :lease_s),
-        started_at = coalesce(i.started_at, now())
-    FROM picked WHERE i.id = picked.id
-    RETURNING i.id, i.job_id, i.seq, i.custom_id, i.messages, i.prompt, i.params,
-              i.attempts, i.crashes
     """
+    + _LEASE_PICKED
 )
 
 # Items that were in flight when an engine or a worker died are suspects. They run apart from
@@ -146,14 +151,8 @@ _CLAIM_SUSPECTS = sa.text(
         LIMIT (SELECT greatest(1, ceil(n / 2.0))::int FROM tier)
         FOR UPDATE SKIP LOCKED
     )
-    UPDATE items AS i SET
-        status = 'running', attempts = i.attempts + 1, lease_owner = :owner,
-        lease_expires_at = now() + make_interval(secs => :lease_s),
-        started_at = coalesce(i.started_at, now())
-    FROM picked WHERE i.id = picked.id
-    RETURNING i.id, i.job_id, i.seq, i.custom_id, i.messages, i.prompt, i.params,
-              i.attempts, i.crashes
     """
+    + _LEASE_PICKED
 )
 
 
