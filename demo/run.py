@@ -40,6 +40,8 @@ def port_or_free(preferred: int) -> int:
     import socket
 
     with socket.socket() as sock:
+        # As gunicorn binds: a port in TIME_WAIT from the last run is free to reuse.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", preferred))
             return preferred

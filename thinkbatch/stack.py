@@ -89,7 +89,7 @@ class Stack:
 
     def _spawn(self, name: str, args: list[str], env: Mapping[str, str] | None = None) -> Proc:
         log = self.log_dir / f"{name}.log"
-        with log.open("ab") as out:
+        with log.open("wb") as out:  # a fresh log per start: readiness is read from it
             popen = subprocess.Popen(
                 args,
                 cwd=ROOT,
