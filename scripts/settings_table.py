@@ -1,6 +1,10 @@
-"""Print the README's settings table from the Settings model (the one source of truth)."""
+"""Print the README's settings table, or with --env a .env.example, from the Settings model
+(the one source of truth)."""
 
 from __future__ import annotations
+
+import json
+import sys
 
 from thinkbatch.settings import Settings
 
@@ -14,5 +18,18 @@ def table() -> str:
     return "\n".join(rows)
 
 
+def env_example() -> str:
+    lines = ["# thinkbatch settings: every variable with its default (see README, Settings)."]
+    for name, field in Settings.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        lines.append(f"# {field.description or ''}")
+        value = "" if default is None else default
+        if isinstance(value, dict):
+            value = json.dumps(value)
+        prefix = "# " if default is None else ""
+        lines.append(f"{prefix}{name.upper()}={value}")
+    return "\n".join(lines) + "\n"
+
+
 if __name__ == "__main__":
-    print(table())
+    print(env_example() if "--env" in sys.argv else table())

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 import sqlalchemy as sa
@@ -51,7 +52,7 @@ ITEMS: list[dict[str, Any]] = [
 @pytest.fixture(scope="module")
 def e2e(
     servers: Servers, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Client, sa.Engine, str]]:
+) -> Iterator[tuple[Client, sa.Engine, str, int | None]]:
     build_demo_model()
     url = recreate_database(servers.postgres_admin_url, "thinkbatch_e2e")
     migrate(url)
@@ -60,9 +61,10 @@ def e2e(
     stack = make_stack(tmp_path_factory.mktemp("e2e"), url, broker, **VLLM_ENV, **FAST_RECOVERY_ENV)
     try:
         api = stack.start_api()
+        flower = stack.start_flower()
         stack.start_worker("worker")
         assert api.port is not None
-        yield Client(api.port), sa.create_engine(url), broker
+        yield Client(api.port), sa.create_engine(url), broker, flower.port
     finally:
         stack.stop_all()
 
@@ -85,8 +87,8 @@ def prompt_tokens(item: dict[str, Any]) -> int:
     return len(tokenizer(text, add_special_tokens=False).input_ids)
 
 
-def test_a_job_end_to_end(e2e: tuple[Client, sa.Engine, str]) -> None:
-    client, db, broker = e2e
+def test_a_job_end_to_end(e2e: tuple[Client, sa.Engine, str, int | None]) -> None:
+    client, db, broker, flower_port = e2e
     job = client.submit(ITEMS, params={"temperature": 0, "max_tokens": 200}, metadata={"t": "e2e"})
     assert job["status"] == "queued" and job["counts"]["total"] == len(ITEMS)
     job = client.wait(job["id"], timeout=300)
@@ -131,10 +133,17 @@ def test_a_job_end_to_end(e2e: tuple[Client, sa.Engine, str]) -> None:
         s["result"] == {"job_id": job["id"], "done": len(ITEMS), "total": len(ITEMS)}
         for s in progress
     ), progress
+    # And Flower, fed by the worker's events, lists the task that drove this job.
+    tasks = httpx.get(f"http://127.0.0.1:{flower_port}/api/tasks", timeout=30).json()
+    ours = [t for t in tasks.values() if job["id"] in (t.get("args") or "")]
+    assert ours and {t["name"] for t in ours} == {"thinkbatch.run_job"}
+    assert any(t["state"] == "SUCCESS" for t in ours), ours
 
 
-def test_thinking_cut_by_max_tokens_is_flagged(e2e: tuple[Client, sa.Engine, str]) -> None:
-    client, db, _ = e2e
+def test_thinking_cut_by_max_tokens_is_flagged(
+    e2e: tuple[Client, sa.Engine, str, int | None],
+) -> None:
+    client, db, _, _ = e2e
     job = client.submit(
         [{"custom_id": "cut", "messages": [{"role": "user", "content": "What is vLLM?"}]}],
         params={"temperature": 0, "max_tokens": 4, "enable_thinking": True},
