@@ -32,4 +32,5 @@ def env_example() -> str:
 
 
 if __name__ == "__main__":
-    print(env_example() if "--env" in sys.argv else table())
+    # env_example() already ends in a newline; print() would add a second one.
+    sys.stdout.write(env_example() if "--env" in sys.argv else table() + "\n")
