@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,13 +27,19 @@ class Harness:
         self.published: list[uuid.UUID] = []
         self.runners: list[Runner] = []
 
-    def runner(self, **overrides: Any) -> Runner:
+    def runner(
+        self,
+        publish: Callable[[uuid.UUID], bool] | None = None,
+        publish_here: Callable[[uuid.UUID], bool] | None = None,
+        **overrides: Any,
+    ) -> Runner:
         settings = self.settings.model_copy(update=overrides) if overrides else self.settings
         runner = Runner(
             settings,
             engine=create_engine(settings),
             db=self.db,
-            publish=lambda job_id: self.published.append(job_id) or True,
+            publish=publish or (lambda job_id: self.published.append(job_id) or True),
+            publish_here=publish_here,
         )
         runner.start()
         self.runners.append(runner)
@@ -139,6 +146,72 @@ def test_two_workers_split_one_job_without_duplicates(harness: Harness) -> None:
         )
     assert set(per_worker) == {a.owner, b.owner}
     assert min(per_worker.values()) > 100  # both did a real share
+
+
+def results_per_worker(db: sa.Engine, job_id: uuid.UUID) -> dict[str, int]:
+    with db.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT r.worker_id, count(*) FROM item_results r JOIN items i ON i.id = r.item_id"
+                " WHERE i.job_id = :id GROUP BY r.worker_id"
+            ),
+            {"id": job_id},
+        ).all()
+    return dict(rows)  # type: ignore[arg-type]
+
+
+def test_an_idle_worker_pulls_a_share_of_a_job_it_got_no_hint_for(harness: Harness) -> None:
+    # Redis gave every hint of the job to worker a; b, idle, finds the job in Postgres.
+    a = harness.runner(engine_extra_args={"step_s": 0.004})
+    job_id = seed_job(harness.db, harness.settings, n=800)
+    foreign = seed_job(harness.db, harness.settings, n=5)
+    with harness.db.begin() as conn:  # a job for workers that serve another model
+        conn.execute(
+            sa.text("UPDATE jobs SET model = 'someone/else' WHERE id = :id"), {"id": foreign}
+        )
+    ta, _ = harness.drive(a, job_id)
+    adopted: list[uuid.UUID] = []
+    threads: list[threading.Thread] = []
+    started = threading.Event()
+
+    def to_self(jid: uuid.UUID) -> bool:  # what the worker's own Celery queue would do
+        started.wait(10)  # b's housekeeper may look before harness.runner() has returned b
+        adopted.append(jid)
+        threads.append(harness.drive(b, jid)[0])
+        return True
+
+    b = harness.runner(publish_here=to_self, heartbeat_s=0.1, engine_extra_args={"step_s": 0.004})
+    started.set()
+    ta.join(60)
+    for thread in threads:
+        thread.join(60)
+    check_invariants(harness.db, job_id)
+    assert adopted == [job_id]  # once, and never the job of a model it does not serve
+    shares = results_per_worker(harness.db, job_id)
+    assert set(shares) == {a.owner, b.owner} and min(shares.values()) > 100, shares
+    assert job_row(harness.db, foreign).status == "queued"
+
+
+def test_a_slice_hands_the_job_on_before_its_tail_drains(harness: Harness) -> None:
+    handoffs: list[int] = []
+    threads: list[threading.Thread] = []
+
+    def hand_on(jid: uuid.UUID) -> bool:  # the next task lands on this same worker
+        handoffs.append(runner._inflight)  # noqa: SLF001 - what the engine held at hand-off
+        threads.append(harness.drive(runner, jid)[0])
+        return True
+
+    runner = harness.runner(publish=hand_on, task_slice_s=0.3, engine_extra_args={"step_s": 0.004})
+    job_id = seed_job(harness.db, harness.settings, n=600)
+    threads.append(harness.drive(runner, job_id)[0])
+    while any(t.is_alive() for t in threads):
+        for thread in list(threads):
+            thread.join(60)
+    assert wait_status(harness.db, job_id, {"completed"}).succeeded == 600
+    check_invariants(harness.db, job_id)
+    assert len(handoffs) >= 2
+    # Every hand-off happened with the engine still full: no drain at a slice boundary.
+    assert min(handoffs) >= harness.settings.max_num_seqs, handoffs
 
 
 def test_cancel_mid_job(harness: Harness, client) -> None:  # noqa: ANN001

@@ -10,6 +10,7 @@ import logging
 import uuid
 from datetime import UTC
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from celery import Celery
@@ -58,11 +59,12 @@ def make_celery(settings: Settings) -> Celery:
     return app
 
 
-def publish_job(app: Celery, job_id: uuid.UUID, *, copies: int = 1) -> bool:
-    """Enqueue `copies` hints for a job; False (logged) when Redis cannot be reached."""
+def publish_job(app: Celery, job_id: uuid.UUID, *, copies: int = 1, queue: Any = None) -> bool:
+    """Enqueue `copies` hints for a job (on the shared queue unless `queue` says otherwise);
+    False (logged) when Redis cannot be reached."""
     try:
         for _ in range(copies):
-            app.send_task(RUN_JOB, args=[str(job_id)])
+            app.send_task(RUN_JOB, args=[str(job_id)], queue=queue)
     except Exception as error:  # noqa: BLE001 - any broker failure means "sweeper retries later"
         log.warning("could not enqueue job %s: %s", job_id, error)
         return False

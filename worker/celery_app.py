@@ -16,6 +16,8 @@ app = make_celery(settings)
 app.conf.update(
     worker_pool="threads",
     worker_concurrency=settings.worker_concurrency,
+    # Each worker also consumes its own queue: an idle worker sends itself hints there.
+    worker_direct=True,
     include=["worker.tasks"],
 )
 

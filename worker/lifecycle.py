@@ -12,6 +12,7 @@ from typing import Any
 
 import psutil
 from celery import signals
+from celery.utils.nodenames import worker_direct
 
 from thinkbatch.db import make_engine
 from thinkbatch.queue import make_celery
@@ -36,16 +37,18 @@ def get_runner() -> Runner:
 
 
 @signals.worker_init.connect
-def load_engine(**_: Any) -> None:
+def load_engine(sender: Any = None, **_: Any) -> None:
     global _runner, _reaper
     settings = Settings()
     celery = make_celery(settings)
+    own_queue = worker_direct(sender.hostname)
     try:
         runner = Runner(
             settings,
             engine=create_engine(settings),
             db=make_engine(settings),
             publish=lambda job_id: publish_job(celery, job_id),
+            publish_here=lambda job_id: publish_job(celery, job_id, queue=own_queue),
         )
         _reaper, write_end = spawn_reaper()
         runner.start()
@@ -54,6 +57,7 @@ def load_engine(**_: Any) -> None:
     except Exception:
         # Fail fast: a worker without an engine must not consume (and drop) job messages.
         log.exception("could not start the engine")
+        _kill_children(exclude=None)  # an engine that did start must not outlive us
         logging.shutdown()
         os._exit(2)
     _runner = runner
@@ -77,12 +81,15 @@ def _watchdog(settings: Settings) -> None:
     """Bound the shutdown: after SHUTDOWN_TIMEOUT_S, kill the engine processes and exit."""
     time.sleep(settings.shutdown_timeout_s)
     log.error("shutdown took longer than %ss; exiting hard", settings.shutdown_timeout_s)
-    reaper_pid = _reaper.pid if _reaper is not None else None
+    _kill_children(exclude=_reaper.pid if _reaper is not None else None)
+    logging.shutdown()
+    os._exit(EXIT_SHUTDOWN_TIMEOUT)
+
+
+def _kill_children(exclude: int | None) -> None:
     for child in psutil.Process().children(recursive=True):
-        if child.pid != reaper_pid:
+        if child.pid != exclude:
             try:
                 child.kill()
             except psutil.NoSuchProcess:
                 pass
-    logging.shutdown()
-    os._exit(EXIT_SHUTDOWN_TIMEOUT)

@@ -9,7 +9,10 @@ Threads of a worker process and what each does:
   queue to pull the next sequence from and never drains between chunks or jobs;
 * the writer: stores finished items in batches (one fenced statement per batch), off the
   engine's path;
-* the housekeeper: heartbeat and the recovery sweep;
+* the housekeeper: heartbeat, the recovery sweep, and the pull of an idle worker: a runnable
+  job with unclaimed items that this process does not drive gets a task on this worker's own
+  queue, so a worker that starts (or frees up) while another holds every hint of a big job
+  shares it within a heartbeat instead of waiting for a hand-off;
 * Celery task threads (`drive`): one per job being driven; each reports progress, watches for
   cancel and expiry, and returns once its items are settled.
 """
@@ -56,6 +59,9 @@ log = logging.getLogger(__name__)
 EXIT_ENGINE_DEAD = 3
 EXIT_SHUTDOWN_TIMEOUT = 4
 PROGRESS_INTERVAL_S = 1.0
+# An idle worker that sent itself a hint for a job leaves that job alone this long, so a hint
+# that is slow to arrive (or lost) is not followed by a stream of others.
+ADOPT_AGAIN_AFTER_S = 30.0
 
 
 @dataclass(eq=False)
@@ -102,11 +108,14 @@ class Runner:
         engine: Engine,
         db: sa.Engine,
         publish: Callable[[uuid.UUID], bool],
+        publish_here: Callable[[uuid.UUID], bool] | None = None,
     ):
         self.settings = settings
         self.engine = engine
         self.db = db
-        self.publish = publish
+        self.publish = publish  # a hint any worker may take
+        self.publish_here = publish_here  # a hint on this worker's own queue
+        self._adopted: dict[uuid.UUID, float] = {}  # job -> when we sent ourselves a hint
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.window = settings.inflight_window
         # Claim in chunks (fewer round trips) but early enough that the engine's own queue
@@ -129,13 +138,15 @@ class Runner:
     # --- life cycle -------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._register_worker()
         loop_thread = threading.Thread(
             target=self.loop.run_forever, name="engine-loop", daemon=True
         )
         loop_thread.start()
         self._threads.append(loop_thread)
         asyncio.run_coroutine_threadsafe(self.engine.start(), self.loop).result()
+        # Register once the engine is up and the heartbeat is about to start: a row registered
+        # before a load that takes minutes would be judged dead by the other workers.
+        self._register_worker()
         asyncio.run_coroutine_threadsafe(self._watch_deadlines(), self.loop)
         for target, name in (
             (self._claim_loop, "claimer"),
@@ -210,6 +221,7 @@ class Runner:
         slice_end = time.monotonic() + self.settings.task_slice_s
         next_beat = 0.0
         state = None
+        handed_off = False
         try:
             while True:
                 handle.settled.wait(PROGRESS_INTERVAL_S)
@@ -238,8 +250,14 @@ class Runner:
                         retry_transient(lambda: self._expire(job_id), should_stop=self._dead.is_set)
                 elif state.status not in ledger.RUNNABLE:
                     handle.claim_open = False
-                if now >= slice_end or self.stopping.is_set():
+                if self.stopping.is_set():
                     handle.claim_open = False
+                elif now >= slice_end and handle.claim_open:
+                    handle.claim_open = False
+                    if state.pending > 0 and state.status in ledger.RUNNABLE:
+                        # Hand the job on now, while our tail is still in the engine: the next
+                        # task (here or on another worker) claims before the window drains.
+                        handed_off = self.publish(job_id)
                 if handle.unsettled == 0:
                     if not handle.claim_open:
                         break
@@ -250,10 +268,13 @@ class Runner:
                         self._wake.set()
         finally:
             with self._lock:
-                self._handles.pop(job_id, None)
+                if self._handles.get(job_id) is handle:  # a successor may have taken over
+                    del self._handles[job_id]
         pending = state.pending if state is not None else 0
-        if pending and (state is not None and state.status in ledger.RUNNABLE):
-            # Hand the job on: another thread or worker picks it up while our tail finishes.
+        runnable = state is not None and state.status in ledger.RUNNABLE
+        if pending and runnable and not handed_off:
+            # Items are left that nobody was told about: released on shutdown, or returned by
+            # a crash or a retry after claiming closed.
             self.publish(job_id)
         return {"job_id": str(job_id), "done": state.done if state else 0, "pending": pending}
 
@@ -276,8 +297,11 @@ class Runner:
                 )
             return None
         with self._lock:
-            if job_id in self._handles or self.stopping.is_set():
+            current = self._handles.get(job_id)
+            if (current is not None and current.claim_open) or self.stopping.is_set():
                 return None  # another task of this process already drives it
+            # A predecessor whose slice ended keeps its flights (they point at its handle) and
+            # returns once they are stored; claiming for the job continues under this handle.
             handle = JobHandle(job_id=job_id, weight=1 + row.priority, params=row.params or {})
             self._handles[job_id] = handle
         self._wake.set()
@@ -584,6 +608,41 @@ class Runner:
 
     # --- housekeeping -----------------------------------------------------------------------
 
+    def _idle(self) -> bool:
+        """Half the window free and no job of ours with items left to claim."""
+        if self.stopping.is_set() or self._quarantine:
+            return False
+        if self.window - self._inflight < max(1, self.window // 2):
+            return False
+        now = time.monotonic()
+        with self._lock:
+            return not any(h.claim_open and h.exhausted_until < now for h in self._handles.values())
+
+    def _look_for_work(self) -> None:
+        """Pull, don't wait to be pushed: hints are spread by Redis as it pleases (one worker may
+        take all of a job's), so an idle worker asks Postgres for a runnable job of its model
+        with unclaimed items and sends itself a task for it. The task shows in Flower like any
+        other; claims stay fenced, so two workers on one job split it without duplicates."""
+        if self.publish_here is None or not self._idle():
+            return
+        now = time.monotonic()
+        recent = [j for j, at in self._adopted.items() if now - at < ADOPT_AGAIN_AFTER_S]
+        self._adopted = {j: self._adopted[j] for j in recent}
+        with self._lock:
+            mine = [*self._handles, *recent]
+        with self.db.connect() as conn:
+            job_id = conn.execute(
+                sa.text(
+                    "SELECT id FROM jobs WHERE status IN ('queued', 'running') AND pending > 0"
+                    " AND model = :model AND expires_at > now() AND NOT (id = ANY(:mine))"
+                    " ORDER BY priority DESC, created_at LIMIT 1"
+                ),
+                {"model": self.settings.model_name, "mine": mine},
+            ).scalar()
+        if job_id is not None and self.publish_here(job_id):
+            log.info("idle: taking a share of job %s", job_id)
+            self._adopted[job_id] = now
+
     def _housekeeping_loop(self) -> None:
         next_sweep = time.monotonic() + self.settings.sweep_interval_s * 0.5
         last_beat = time.monotonic()
@@ -607,6 +666,7 @@ class Runner:
                 if now >= next_sweep and not self.stopping.is_set():
                     sweep(self.db, self.settings, self.publish, judge_workers=now >= judge_after)
                     next_sweep = time.monotonic() + self.settings.sweep_interval_s
+                self._look_for_work()
             except Exception as error:  # noqa: BLE001 - Postgres may be restarting
                 log.warning("housekeeping failed: %s", error)
             # Keep beating while shutting down: our leases stand until we release them.
