@@ -43,6 +43,16 @@ def items(n: int = N_ITEMS, prefix: str = "q") -> list[dict[str, Any]]:
     ]
 
 
+def staggered() -> list[dict[str, Any]]:
+    """Every third item short: results arrive early and steadily instead of in whole waves, so a
+    fault can land after the first results with most of the job still to run, however fast the
+    engine is on the day."""
+    batch = items()
+    for k, item in enumerate(batch):
+        item["params"] = {"max_tokens": 24 if k % 3 == 0 else 480}  # MAX_MODEL_LEN is 512
+    return batch
+
+
 def measure(chaos: Chaos, job_id: str) -> tuple[int, int]:
     """(lost, duplicated): items not terminal or succeeded without a result; extra results."""
     with chaos.db.connect() as conn:
@@ -133,13 +143,20 @@ def test_kill_9_the_worker_three_times(chaos: Chaos) -> None:
         stack.stop_all()
 
 
-def results_by_worker(chaos: Chaos, job_id: str) -> dict[str, int]:
+def share_by_worker(chaos: Chaos, job_id: str) -> dict[str, tuple[int, int]]:
+    """worker id -> (items it holds now, results it stored) for one job."""
     with chaos.db.connect() as conn:
         rows = conn.execute(
-            sa.text("SELECT worker_id, count(*) FROM item_results WHERE job_id = :id GROUP BY 1"),
+            sa.text(
+                "SELECT w, sum(held)::int, sum(stored)::int FROM ("
+                " SELECT lease_owner AS w, 1 AS held, 0 AS stored FROM items"
+                "  WHERE job_id = :id AND status = 'running'"
+                " UNION ALL SELECT worker_id, 0, 1 FROM item_results WHERE job_id = :id) s"
+                " GROUP BY w"
+            ),
             {"id": job_id},
         )
-        return {worker: n for worker, n in rows}
+        return {worker: (held, stored) for worker, held, stored in rows}
 
 
 def test_two_workers_one_killed(chaos: Chaos) -> None:
@@ -149,14 +166,19 @@ def test_two_workers_one_killed(chaos: Chaos) -> None:
         b = stack.start_worker("b", wait=False)
         stack.wait_worker_ready(a)
         stack.wait_worker_ready(b)
-        job = chaos.client.submit(items(), params=SLOW)
+        job = chaos.client.submit(staggered(), params=SLOW)
         deadline = time.monotonic() + 180
-        while len(results_by_worker(chaos, job["id"])) < 2:  # both share the job...
-            assert time.monotonic() < deadline, results_by_worker(chaos, job["id"])
-            time.sleep(0.2)
-        a.signal(signal.SIGKILL)  # ...then one dies mid-job
+        while True:  # both workers take part in the job, and a holds items...
+            share = share_by_worker(chaos, job["id"])
+            held_by_a = sum(held for w, (held, _) in share.items() if f":{a.popen.pid}:" in w)
+            if len(share) >= 2 and held_by_a > 0:
+                break
+            assert time.monotonic() < deadline, share
+            time.sleep(0.05)
+        a.signal(signal.SIGKILL)  # ...when it dies: b must finish them, once each
         fault_at = datetime.now(UTC)
-        done = finish(chaos, "2. two workers, one killed mid-job", job["id"], 1, fault_at)
+        note = f"{held_by_a} items held by the killed worker"
+        done = finish(chaos, "2. two workers, one killed mid-job", job["id"], 1, fault_at, note)
         assert engine_gone(a)
         assert done["counts"]["succeeded"] == N_ITEMS
     finally:
@@ -318,7 +340,7 @@ def test_cancel_and_expiry_mid_job(chaos: Chaos) -> None:
     stack = vllm_workers(chaos, "cancel")
     try:
         stack.start_worker("w")
-        job = chaos.client.submit(items(), params=SLOW)
+        job = chaos.client.submit(staggered(), params=SLOW)
         chaos.client.wait(job["id"], done=N_ITEMS // 5)
         cancelled = chaos.client.http.post(f"/v1/jobs/{job['id']}/cancel").json()
         fault_at = datetime.now(UTC)
@@ -331,7 +353,9 @@ def test_cancel_and_expiry_mid_job(chaos: Chaos) -> None:
         assert len(chaos.client.results(job["id"])) == N_ITEMS  # partial results downloadable
         assert chaos.client.http.post(f"/v1/jobs/{job['id']}/cancel").status_code == 409
 
-        job = chaos.client.submit(items(), params=SLOW, completion_window=15)
+        # The short items finish in the first second; the job as a whole needs ~100k tokens,
+        # over 9 s on this CPU at its fastest: the window ends mid-job.
+        job = chaos.client.submit(staggered(), params=SLOW, completion_window=4)
         done = finish(chaos, "8b. expiry mid-job", job["id"], 1, datetime.now(UTC))
         assert done["status"] == "expired"
         assert done["counts"]["succeeded"] > 0 and done["counts"]["expired"] > 0
