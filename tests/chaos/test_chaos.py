@@ -32,7 +32,8 @@ from thinkbatch.stack import Stack
 pytestmark = pytest.mark.chaos
 
 N_ITEMS = 300
-# Long enough outputs that a job lasts several seconds on the tiny model, so faults land mid-job.
+# Long enough outputs that a job lasts several seconds on the tiny model, so faults land mid-job
+# (with staggered(), a third of the items short so that progress is steady).
 SLOW = {"ignore_eos": True, "max_tokens": 400, "temperature": 0}
 
 
@@ -128,7 +129,7 @@ def test_kill_9_the_worker_three_times(chaos: Chaos) -> None:
     stack = vllm_workers(chaos, "kill9")
     try:
         worker = stack.start_worker("w")
-        job = chaos.client.submit(items(), params=SLOW)
+        job = chaos.client.submit(staggered(), params=SLOW)
         fault_at = 0.0
         for k, fraction in enumerate((0.15, 0.4, 0.65)):
             chaos.client.wait(job["id"], done=int(N_ITEMS * fraction))
@@ -189,7 +190,7 @@ def test_redis_restart_mid_job_and_submit_while_redis_is_down(chaos: Chaos) -> N
     stack = vllm_workers(chaos, "redis")
     try:
         stack.start_worker("w")
-        job = chaos.client.submit(items(), params=SLOW)
+        job = chaos.client.submit(staggered(), params=SLOW)
         chaos.client.wait(job["id"], done=N_ITEMS // 5)
         chaos.redis.stop()  # this Redis keeps nothing on disk: the queues vanish
         late = chaos.client.submit(items(20, "late"), params={"max_tokens": 32})
@@ -207,7 +208,7 @@ def test_postgres_restart_mid_job(chaos: Chaos) -> None:
     stack = vllm_workers(chaos, "postgres")
     try:
         stack.start_worker("w")
-        job = chaos.client.submit(items(), params=SLOW)
+        job = chaos.client.submit(staggered(), params=SLOW)
         chaos.client.wait(job["id"], done=N_ITEMS // 5)
         chaos.pg.stop()
         during = chaos.client.http.get(f"/v1/jobs/{job['id']}")
@@ -226,7 +227,7 @@ def test_duplicate_deliveries(chaos: Chaos) -> None:
     celery = make_celery(Settings(_env_file=None, redis_url=chaos.redis.url(0)))
     try:
         stack.start_worker("w")
-        job = chaos.client.submit(items(), params=SLOW)
+        job = chaos.client.submit(staggered(), params=SLOW)
         chaos.client.wait(job["id"], done=N_ITEMS // 5)
         for _ in range(2):  # the same message, delivered twice more while the job runs
             celery.send_task(RUN_JOB, args=[job["id"]])
@@ -314,7 +315,7 @@ def test_sigterm_mid_job(chaos: Chaos) -> None:
     stack = vllm_workers(chaos, "sigterm")
     try:
         worker = stack.start_worker("w")
-        job = chaos.client.submit(items(), params=SLOW)
+        job = chaos.client.submit(staggered(), params=SLOW)
         chaos.client.wait(job["id"], done=N_ITEMS // 4)
         worker.signal(signal.SIGTERM)
         fault_at = datetime.now(UTC)
