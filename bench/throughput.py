@@ -41,7 +41,9 @@ from thinkbatch.stack import engine_env
 CPU_BENCH = {"MAX_NUM_SEQS": "256", "CPU_KVCACHE_SPACE_GIB": "2", "MAX_MODEL_LEN": "512"}
 
 
-def prompts(n: int) -> list[dict[str, Any]]:
+def prompts(n: int, round_no: int = 0) -> list[dict[str, Any]]:
+    """n prompts; each round's differ from the first tokens on, so no round reuses another's
+    prefix cache."""
     topics = [
         "continuous batching", "PagedAttention", "the KV cache", "left padding",
         "speculative decoding", "prefix caching", "tensor parallelism", "quantization",
@@ -50,15 +52,19 @@ def prompts(n: int) -> list[dict[str, Any]]:
         {
             "custom_id": f"b{k}",
             "messages": [
-                {"role": "user", "content": f"Question {k}: explain {topics[k % len(topics)]}."}
+                {
+                    "role": "user",
+                    "content": f"Round {round_no}, question {k}: "
+                    f"explain {topics[k % len(topics)]}.",
+                }
             ],
         }
         for k in range(n)
     ]
 
 
-def run_raw(n: int, max_tokens: int) -> dict[str, float]:
-    """The raw arm, in this (child) process: the adapter, all prompts at once."""
+def run_raw(n: int, max_tokens: int, rounds: int) -> list[dict[str, Any]]:
+    """The raw arm, in this (child) process: the adapter, all prompts at once, `rounds` times."""
     import asyncio
     import uuid
 
@@ -70,32 +76,84 @@ def run_raw(n: int, max_tokens: int) -> dict[str, float]:
     engine = VLLMEngine(settings)
     params = {"ignore_eos": True, "max_tokens": max_tokens, "temperature": 0}
 
-    async def main() -> dict[str, float]:
+    async def main() -> list[dict[str, Any]]:
         await engine.start()
+        results = [await one_round(r) for r in range(rounds)]
+        await engine.shutdown()
+        return results
+
+    async def one_round(round_no: int) -> dict[str, Any]:
         items = [
             Claimed(k, uuid.uuid4(), k, p["custom_id"], p["messages"], None, None, 1, 0)
-            for k, p in enumerate(prompts(n))
+            for k, p in enumerate(prompts(n, round_no))
         ]
         sampling = [resolve_sampling(params, None, default_max_tokens=max_tokens)] * n
+        t0 = time.perf_counter()
         prepared = engine.prepare(items, sampling)
+        prepare_s = time.perf_counter() - t0
+        finished: list[float] = []
+
+        async def one(k: int, p: Any) -> Any:
+            out = await engine.generate(f"raw-{round_no}-{k}", p)
+            finished.append(time.perf_counter())
+            return out
+
+        cpu_before = cpu_snapshot()
         started = time.perf_counter()
-        outs = await asyncio.gather(
-            *(engine.generate(f"raw-{k}", p) for k, p in enumerate(prepared))  # type: ignore[arg-type]
-        )
+        outs = await asyncio.gather(*(one(k, p) for k, p in enumerate(prepared)))
         elapsed = time.perf_counter() - started
-        await engine.shutdown()
-        return {"seconds": elapsed, "output_tokens": sum(len(o.token_ids) for o in outs)}
+        cpu = cpu_used(cpu_before)
+        return {
+            "seconds": elapsed,
+            "first_result_seconds": min(finished) - started,
+            "prepare_seconds": prepare_s,
+            "cpu": cpu,
+            "output_tokens": sum(len(o.token_ids) for o in outs),
+        }
 
     return asyncio.run(main())
 
 
+def _category(proc: Any) -> str:
+    text = " ".join(proc.info["cmdline"] or [proc.info["name"] or ""])
+    for needle, category in (
+        ("EngineCore", "engine"), ("VLLM::Worker", "engine"), ("celery", "worker"),
+        ("gunicorn", "api"), ("postgres", "postgres"), ("redis-server", "redis"),
+        ("--raw-only", "raw client"), ("bench.throughput", "bench"),
+    ):  # fmt: skip
+        if needle in text or needle in (proc.info["name"] or ""):
+            return category
+    return "other"
+
+
+def cpu_snapshot() -> dict[int, tuple[str, float]]:
+    """CPU seconds used so far by every process of the machine, with a category each."""
+    import psutil
+
+    snapshot = {}
+    for proc in psutil.process_iter(["name", "cmdline", "cpu_times"]):
+        times = proc.info["cpu_times"]
+        if times is not None:
+            snapshot[proc.pid] = (_category(proc), times.user + times.system)
+    return snapshot
+
+
+def cpu_used(before: dict[int, tuple[str, float]]) -> dict[str, float]:
+    used: dict[str, float] = {}
+    for pid, (category, seconds) in cpu_snapshot().items():
+        spent = seconds - before.get(pid, (category, 0.0))[1]
+        used[category] = used.get(category, 0.0) + spent
+    return used
+
+
 def run_system(
-    stack: Stack, database_url: str, n: int, max_tokens: int, profile: Path | None
-) -> dict[str, float]:
+    stack: Stack, database_url: str, n: int, max_tokens: int, rounds: int, profile: Path | None
+) -> list[dict[str, Any]]:
+    """The job system arm: one API and one worker, `rounds` jobs one after the other."""
     api = stack.start_api(workers=2)
     worker = stack.start_worker("worker")
     spy = None
-    if profile is not None:  # sample the worker's Python stacks while the job runs
+    if profile is not None:  # sample the worker's Python stacks while the jobs run
         spy = subprocess.Popen(
             [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(worker.pid),
              "--rate", "50", "--gil", "--nonblocking", "--format", "raw", "--output", str(profile)],
@@ -103,36 +161,52 @@ def run_system(
         )  # fmt: skip
         time.sleep(1)
     client = httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=300)
+    db = sa.create_engine(database_url)
+    try:
+        return [system_round(client, db, n, max_tokens, r) for r in range(rounds)]
+    finally:
+        db.dispose()
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(30)
+
+
+def system_round(
+    client: httpx.Client, db: sa.Engine, n: int, max_tokens: int, round_no: int
+) -> dict[str, Any]:
     body = {
-        "items": prompts(n),
+        "items": prompts(n, round_no),
         "params": {"ignore_eos": True, "max_tokens": max_tokens, "temperature": 0},
     }
+    cpu_before = cpu_snapshot()
     submitted = datetime.now(UTC)
     started = time.perf_counter()
     job = client.post("/v1/jobs", json=body).raise_for_status().json()
     submit_s = time.perf_counter() - started
     while job["status"] in ("queued", "running"):
-        time.sleep(0.1)
+        time.sleep(0.5)  # the job's own finished_at is the end of the measurement
         job = client.get(f"/v1/jobs/{job['id']}").raise_for_status().json()
-    if spy is not None:
-        spy.send_signal(signal.SIGINT)
-        spy.wait(30)
+    cpu = cpu_used(cpu_before)
     if job["status"] != "completed" or job["counts"]["succeeded"] != n:
         raise RuntimeError(f"the benchmark job did not complete: {job}")
-    engine = sa.create_engine(database_url)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         first, last = conn.execute(
             sa.text("SELECT min(created_at), max(created_at) FROM item_results WHERE job_id = :j"),
             {"j": job["id"]},
         ).one()
-    engine.dispose()
+        first_claim = conn.execute(
+            sa.text("SELECT min(started_at) FROM items WHERE job_id = :j"), {"j": job["id"]}
+        ).scalar_one()
     finished = datetime.fromisoformat(job["finished_at"])
     return {
         "seconds": (finished - submitted).total_seconds(),
         "submit_seconds": submit_s,
+        "first_claim_seconds": (first_claim - submitted).total_seconds(),
         "first_result_seconds": (first - submitted).total_seconds(),
+        "last_result_seconds": (last - submitted).total_seconds(),
         "rows_per_second": n / max((last - first).total_seconds(), 1e-9),
         "output_tokens": job["usage"]["completion_tokens"],
+        "cpu": cpu,
     }
 
 
@@ -179,15 +253,22 @@ def top_frames(folded: Path, limit: int = 12) -> list[tuple[float, str]]:
     return [(100 * c / max(total, 1), frame) for frame, c in ranked]
 
 
+def median_round(results: list[dict[str, Any]]) -> dict[str, Any]:
+    return sorted(results, key=lambda r: r["seconds"])[len(results) // 2]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--items", type=int, default=2000)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="runs of each arm; the medians are compared"
+    )
     parser.add_argument("--profile", action="store_true", help="py-spy the worker (needs py-spy)")
     parser.add_argument("--raw-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.raw_only:  # child process of the raw arm
-        print(json.dumps(run_raw(args.items, args.max_tokens)))
+        print(json.dumps(run_raw(args.items, args.max_tokens, args.rounds)))
         return 0
 
     env = engine_env(CPU_BENCH)
@@ -211,22 +292,24 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "demo.model"], env=child_env, check=True)
 
     print(f"benchmark: {args.items} items x {args.max_tokens} output tokens (ignore_eos), "
-          f"model {settings.model}", flush=True)  # fmt: skip
+          f"model {settings.model}, {args.rounds} rounds per arm", flush=True)  # fmt: skip
     print("engine: " + ", ".join(
         f"{k}={getattr(settings, k)}" for k in
         ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "enforce_eager",
          "enable_prefix_caching", "dtype", "tensor_parallel_size")
     ), flush=True)  # fmt: skip
     raw_out = subprocess.run(
-        [sys.executable, "-m", "bench.throughput", "--raw-only",
+        [sys.executable, "-m", "bench.throughput", "--raw-only", "--rounds", str(args.rounds),
          "--items", str(args.items), "--max-tokens", str(args.max_tokens)],
         env=child_env, cwd=ROOT, check=True, capture_output=True, text=True,
     )  # fmt: skip
-    raw = json.loads(raw_out.stdout.strip().splitlines()[-1])
+    raw_rounds = json.loads(raw_out.stdout.strip().splitlines()[-1])
     stack = Stack(env, tmp / "logs")
     try:
         profile = tmp / "worker.folded" if args.profile else None
-        system = run_system(stack, database_url, args.items, args.max_tokens, profile)
+        system_rounds = run_system(
+            stack, database_url, args.items, args.max_tokens, args.rounds, profile
+        )
         capacity = write_capacity(database_url)
     finally:
         stack.stop_all()
@@ -234,19 +317,34 @@ def main() -> int:
             service.stop()
 
     n = args.items
-    rows = [
-        ("raw engine", n / raw["seconds"], raw["output_tokens"] / raw["seconds"], raw["seconds"]),
-        ("job system", n / system["seconds"], system["output_tokens"] / system["seconds"],
-         system["seconds"]),
-    ]  # fmt: skip
-    print(f"{'arm':12} {'items/s':>9} {'out tok/s':>10} {'seconds':>8}")
-    for name, ips, tps, secs in rows:
-        print(f"{name:12} {ips:9.1f} {tps:10.0f} {secs:8.2f}")
-    ratio = rows[1][1] / rows[0][1]
-    print(f"ratio (system / raw): {ratio:.3f}")
+    raw, system = median_round(raw_rounds), median_round(system_rounds)
+    print(f"{'arm':12} {'items/s':>9} {'out tok/s':>10} {'seconds':>8}  (median; every round)")
+    for name, arm, rounds in (
+        ("raw engine", raw, raw_rounds),
+        ("job system", system, system_rounds),
+    ):
+        secs = arm["seconds"]
+        each = " ".join(f"{r['seconds']:.2f}" for r in rounds)
+        print(
+            f"{name:12} {n / secs:9.1f} {arm['output_tokens'] / secs:10.0f} {secs:8.2f}  ({each})"
+        )
+    print(f"ratio (system / raw, medians): {raw['seconds'] / system['seconds']:.3f}")
     print(f"overhead per item: {(system['seconds'] - raw['seconds']) / n * 1000:.2f} ms")
     print(f"submit ({n} items over HTTP): {system['submit_seconds']:.2f} s")
-    print(f"time to first stored result: {system['first_result_seconds']:.2f} s")
+    print(
+        f"time to first stored result: {system['first_result_seconds']:.2f} s "
+        f"(raw engine's first output: {raw['first_result_seconds']:.2f} s)"
+    )
+    print(
+        "job timeline from the submit: first claim {first_claim_seconds:.2f} s, first result "
+        "{first_result_seconds:.2f} s, last result {last_result_seconds:.2f} s, completed "
+        "{seconds:.2f} s".format(**system)
+    )
+    print(f"CPU seconds by process kind ({os.cpu_count()} cpus, median rounds):")
+    for name, arm in (("raw engine", raw), ("job system", system)):
+        cpu: dict[str, float] = arm["cpu"]
+        shown = ", ".join(f"{k} {v:.2f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]))
+        print(f"  {name}: {shown}")
     print(
         f"result rows written to Postgres: {system['rows_per_second']:.0f} rows/s in this run "
         f"(engine-bound); the writer's statement alone: {capacity:,.0f} rows/s"

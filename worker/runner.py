@@ -101,6 +101,18 @@ class Outcome:
     message: str = ""
 
 
+def yield_cpu(nice: int = 10) -> None:
+    """Lower this thread's CPU priority. The bookkeeping threads (claims, writes, heartbeats,
+    progress) can wait a few milliseconds; the engine cannot without idling its batch. Where
+    the engine shares cores with them (vLLM on CPU here, or a busy GPU host's engine loop),
+    its threads then preempt ours rather than the reverse."""
+    if hasattr(os, "setpriority"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        except OSError:
+            pass
+
+
 class Runner:
     def __init__(
         self,
@@ -215,6 +227,7 @@ class Runner:
     def drive(self, job_id: uuid.UUID, report: Callable[[int, int], None]) -> dict[str, Any]:
         """Drive one job: claim its items until the slice ends or none are left, report
         progress, and return once everything this task claimed is stored."""
+        yield_cpu()
         handle = self._attach(job_id)
         if handle is None:
             return {"job_id": str(job_id), "outcome": "not runnable here"}
@@ -325,6 +338,7 @@ class Runner:
     # --- claiming ---------------------------------------------------------------------------
 
     def _claim_loop(self) -> None:
+        yield_cpu()
         while not self.stopping.is_set():
             self._wake.wait(0.1)
             self._wake.clear()
@@ -361,7 +375,10 @@ class Runner:
         total = sum(h.weight for h in handles)
         best = max(handles, key=lambda h: self.window * h.weight / total - h.inflight)
         deficit = self.window * best.weight / total - best.inflight
-        n = min(free, self.claim_max, max(self.claim_min, math.ceil(deficit)))
+        # An engine running less than a full batch gets one in a single claim (a job's start,
+        # or after a lull); afterwards chunks of claim_max keep its queue topped up.
+        chunk = max(self.claim_max, self.settings.max_num_seqs - self._inflight)
+        n = min(free, chunk, max(self.claim_min, math.ceil(deficit)))
         return best, max(1, n)
 
     def _claim_into(self, handle: JobHandle, n: int, *, suspects: bool) -> None:
@@ -506,6 +523,7 @@ class Runner:
     # --- persisting -------------------------------------------------------------------------
 
     def _write_loop(self) -> None:
+        yield_cpu()
         while True:
             first = self._outcomes.get()
             if first is None:
@@ -644,6 +662,7 @@ class Runner:
             self._adopted[job_id] = now
 
     def _housekeeping_loop(self) -> None:
+        yield_cpu()
         next_sweep = time.monotonic() + self.settings.sweep_interval_s * 0.5
         last_beat = time.monotonic()
         judge_after = 0.0
