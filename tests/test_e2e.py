@@ -154,3 +154,29 @@ def test_thinking_cut_by_max_tokens_is_flagged(
     assert item["thinking_truncated"] is True
     assert item["thinking"] and item["answer"] == ""
     assert item["usage"]["reasoning_tokens"] == item["usage"]["completion_tokens"] == 4
+
+
+def test_stop_strings_and_the_one_shot_decode_agree(
+    e2e: tuple[Client, sa.Engine, str, int | None],
+) -> None:
+    """Without stop strings the worker decodes the final token ids itself; with them vLLM's
+    incremental detokenizer runs. Both must give the same text, and a stop string must cut."""
+    client, _, _, _ = e2e
+    question = [{"role": "user", "content": "Why batch prompts?"}]
+    params = {"temperature": 0, "max_tokens": 120}
+
+    def run(stop: list[str] | None) -> dict[str, Any]:
+        item = {"custom_id": "q", "messages": question, "params": {"stop": stop} if stop else {}}
+        job = client.wait(client.submit([item], params=params)["id"], timeout=120)
+        (got,) = client.all_items(job["id"])
+        assert got["status"] == "succeeded", got
+        return got
+
+    plain = run(None)
+    never = run(["\u2603 never in the output"])
+    for key in ("thinking", "answer", "finish_reason", "usage"):
+        assert never[key] == plain[key], key
+    cut_at = plain["answer"].split()[-1]  # the last word of the answer
+    cut = run([cut_at])
+    assert cut["finish_reason"] == "stop"
+    assert cut["usage"]["completion_tokens"] < plain["usage"]["completion_tokens"]
