@@ -15,11 +15,11 @@ test: install        ## every test: unit, API, end to end with vLLM, chaos
 chaos: install       ## only the chaos suite, with its one-line-per-scenario summary
 	$(PY) -m pytest tests/chaos -m chaos
 
-bench: install       ## raw engine vs the job system, same run
-	$(PY) -m bench.throughput
+bench: install       ## raw engine vs the job system, same run (ARGS=--profile, --rounds N, --items N)
+	$(PY) -m bench.throughput $(ARGS)
 
 bench-scale: install ## a 100,000-item job: submit, status, results
-	$(PY) -m bench.scale
+	$(PY) -m bench.scale $(ARGS)
 
 lint: install
 	$(PY) -m ruff check . && $(PY) -m ruff format --check .

@@ -63,8 +63,13 @@ def prompts(n: int, round_no: int = 0) -> list[dict[str, Any]]:
     ]
 
 
-def run_raw(n: int, max_tokens: int, rounds: int) -> list[dict[str, Any]]:
-    """The raw arm, in this (child) process: the adapter, all prompts at once, `rounds` times."""
+RAW_MARK = "RAW-ARM "
+
+
+def serve_raw(n: int, max_tokens: int) -> None:
+    """The raw arm, in this (child) process: the worker's adapter fed all prompts at once. It
+    runs a round for each `round R` line on stdin, so that the parent can interleave the arms
+    and both see the same moments of a noisy host."""
     import asyncio
     import uuid
 
@@ -76,11 +81,16 @@ def run_raw(n: int, max_tokens: int, rounds: int) -> list[dict[str, Any]]:
     engine = VLLMEngine(settings)
     params = {"ignore_eos": True, "max_tokens": max_tokens, "temperature": 0}
 
-    async def main() -> list[dict[str, Any]]:
+    async def main() -> None:
         await engine.start()
-        results = [await one_round(r) for r in range(rounds)]
+        print(RAW_MARK + "ready", flush=True)
+        while True:
+            line = await asyncio.to_thread(sys.stdin.readline)
+            if not line.startswith("round "):
+                break
+            result = await one_round(int(line.split()[1]))
+            print(RAW_MARK + json.dumps(result), flush=True)
         await engine.shutdown()
-        return results
 
     async def one_round(round_no: int) -> dict[str, Any]:
         items = [
@@ -111,7 +121,43 @@ def run_raw(n: int, max_tokens: int, rounds: int) -> list[dict[str, Any]]:
             "output_tokens": sum(len(o.token_ids) for o in outs),
         }
 
-    return asyncio.run(main())
+    asyncio.run(main())
+
+
+class RawArm:
+    """The parent's handle on the raw arm's process."""
+
+    def __init__(self, env: dict[str, str], n: int, max_tokens: int):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.throughput", "--raw-only",
+             "--items", str(n), "--max-tokens", str(max_tokens)],
+            env=env, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+
+    def _reply(self) -> str:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(RAW_MARK):
+                return line[len(RAW_MARK) :].strip()
+        raise RuntimeError(f"the raw arm exited with {self.proc.wait()}")
+
+    def wait_ready(self) -> None:
+        self._reply()
+
+    def round(self, round_no: int) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"round {round_no}\n")
+        self.proc.stdin.flush()
+        return json.loads(self._reply())
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 def _category(proc: Any) -> str:
@@ -146,10 +192,8 @@ def cpu_used(before: dict[int, tuple[str, float]]) -> dict[str, float]:
     return used
 
 
-def run_system(
-    stack: Stack, database_url: str, n: int, max_tokens: int, rounds: int, profile: Path | None
-) -> list[dict[str, Any]]:
-    """The job system arm: one API and one worker, `rounds` jobs one after the other."""
+def start_system(stack: Stack, profile: Path | None) -> tuple[httpx.Client, Any]:
+    """The job system arm: one API and one worker (and py-spy on the worker if asked)."""
     api = stack.start_api(workers=2)
     worker = stack.start_worker("worker")
     spy = None
@@ -160,15 +204,7 @@ def run_system(
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         time.sleep(1)
-    client = httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=300)
-    db = sa.create_engine(database_url)
-    try:
-        return [system_round(client, db, n, max_tokens, r) for r in range(rounds)]
-    finally:
-        db.dispose()
-        if spy is not None:
-            spy.send_signal(signal.SIGINT)
-            spy.wait(30)
+    return httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=300), spy
 
 
 def system_round(
@@ -262,13 +298,13 @@ def main() -> int:
     parser.add_argument("--items", type=int, default=2000)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument(
-        "--rounds", type=int, default=3, help="runs of each arm; the medians are compared"
+        "--rounds", type=int, default=5, help="runs of each arm; the medians are compared"
     )
     parser.add_argument("--profile", action="store_true", help="py-spy the worker (needs py-spy)")
     parser.add_argument("--raw-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.raw_only:  # child process of the raw arm
-        print(json.dumps(run_raw(args.items, args.max_tokens, args.rounds)))
+        serve_raw(args.items, args.max_tokens)
         return 0
 
     env = engine_env(CPU_BENCH)
@@ -298,20 +334,25 @@ def main() -> int:
         ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "enforce_eager",
          "enable_prefix_caching", "dtype", "tensor_parallel_size")
     ), flush=True)  # fmt: skip
-    raw_out = subprocess.run(
-        [sys.executable, "-m", "bench.throughput", "--raw-only", "--rounds", str(args.rounds),
-         "--items", str(args.items), "--max-tokens", str(args.max_tokens)],
-        env=child_env, cwd=ROOT, check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    raw_rounds = json.loads(raw_out.stdout.strip().splitlines()[-1])
+    raw_arm = RawArm(child_env, args.items, args.max_tokens)
     stack = Stack(env, tmp / "logs")
+    spy = None
     try:
         profile = tmp / "worker.folded" if args.profile else None
-        system_rounds = run_system(
-            stack, database_url, args.items, args.max_tokens, args.rounds, profile
-        )
+        client, spy = start_system(stack, profile)
+        raw_arm.wait_ready()
+        db = sa.create_engine(database_url)
+        raw_rounds, system_rounds = [], []
+        for r in range(args.rounds):  # interleaved: both arms see the same moments of the host
+            raw_rounds.append(raw_arm.round(r))
+            system_rounds.append(system_round(client, db, args.items, args.max_tokens, r))
+        db.dispose()
         capacity = write_capacity(database_url)
     finally:
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(30)
+        raw_arm.close()
         stack.stop_all()
         for service in reversed(services):
             service.stop()
@@ -328,7 +369,13 @@ def main() -> int:
         print(
             f"{name:12} {n / secs:9.1f} {arm['output_tokens'] / secs:10.0f} {secs:8.2f}  ({each})"
         )
-    print(f"ratio (system / raw, medians): {raw['seconds'] / system['seconds']:.3f}")
+    paired = sorted(
+        r["seconds"] / s["seconds"] for r, s in zip(raw_rounds, system_rounds, strict=True)
+    )
+    print(
+        f"ratio (system / raw, medians): {raw['seconds'] / system['seconds']:.3f}; "
+        f"round by round: {' '.join(f'{x:.2f}' for x in paired)}"
+    )
     print(f"overhead per item: {(system['seconds'] - raw['seconds']) / n * 1000:.2f} ms")
     print(f"submit ({n} items over HTTP): {system['submit_seconds']:.2f} s")
     print(

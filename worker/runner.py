@@ -102,10 +102,11 @@ class Outcome:
 
 
 def yield_cpu(nice: int = 10) -> None:
-    """Lower this thread's CPU priority. The bookkeeping threads (claims, writes, heartbeats,
-    progress) can wait a few milliseconds; the engine cannot without idling its batch. Where
-    the engine shares cores with them (vLLM on CPU here, or a busy GPU host's engine loop),
-    its threads then preempt ours rather than the reverse."""
+    """Lower this thread's CPU priority. Heartbeats, sweeps and progress reports can wait a few
+    milliseconds; the engine cannot without idling its batch. Where the engine shares cores
+    with them (vLLM on CPU here), its threads then preempt these rather than the reverse. The
+    claimer and the writer keep normal priority: a starved claimer lets the engine's queue run
+    dry, and a starved writer delays every stored result (both seen in the benchmark)."""
     if hasattr(os, "setpriority"):
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
@@ -338,7 +339,6 @@ class Runner:
     # --- claiming ---------------------------------------------------------------------------
 
     def _claim_loop(self) -> None:
-        yield_cpu()
         while not self.stopping.is_set():
             self._wake.wait(0.1)
             self._wake.clear()
@@ -375,9 +375,9 @@ class Runner:
         total = sum(h.weight for h in handles)
         best = max(handles, key=lambda h: self.window * h.weight / total - h.inflight)
         deficit = self.window * best.weight / total - best.inflight
-        # An engine running less than a full batch gets one in a single claim (a job's start,
-        # or after a lull); afterwards chunks of claim_max keep its queue topped up.
-        chunk = max(self.claim_max, self.settings.max_num_seqs - self._inflight)
+        # An engine running less than a full batch gets its whole window in one claim (a job's
+        # start, or after a lull); afterwards chunks of claim_max keep its queue topped up.
+        chunk = self.window if self._inflight < self.settings.max_num_seqs else self.claim_max
         n = min(free, chunk, max(self.claim_min, math.ceil(deficit)))
         return best, max(1, n)
 
@@ -523,7 +523,6 @@ class Runner:
     # --- persisting -------------------------------------------------------------------------
 
     def _write_loop(self) -> None:
-        yield_cpu()
         while True:
             first = self._outcomes.get()
             if first is None:
