@@ -98,9 +98,7 @@ def serve_raw(n: int, max_tokens: int) -> None:
             for k, p in enumerate(prompts(n, round_no))
         ]
         sampling = [resolve_sampling(params, None, default_max_tokens=max_tokens)] * n
-        t0 = time.perf_counter()
         prepared = engine.prepare(items, sampling)
-        prepare_s = time.perf_counter() - t0
         finished: list[float] = []
 
         async def one(k: int, p: Any) -> Any:
@@ -116,7 +114,6 @@ def serve_raw(n: int, max_tokens: int) -> None:
         return {
             "seconds": elapsed,
             "first_result_seconds": min(finished) - started,
-            "prepare_seconds": prepare_s,
             "cpu": cpu,
             "output_tokens": sum(len(o.token_ids) for o in outs),
         }

@@ -12,16 +12,15 @@ import httpx
 import sqlalchemy as sa
 
 from tests.conftest import ROOT
+from thinkbatch.stack import CPU_ENGINE_DEFAULTS
 from thinkbatch.stack import Stack
 
-# The real engine on this CPU: the tiny demo Qwen3, eager mode (25 s start), small KV cache.
+# The real engine on this CPU: the tiny demo Qwen3 with the launcher's CPU defaults (eager
+# mode, float32, small KV cache), and a shorter context and batch for quick tests.
 VLLM_ENV = {
     "ENGINE": "vllm",
     "MODEL": "thinkbatch-demo",
-    "ENFORCE_EAGER": "true",
-    "DTYPE": "float32",
-    "GPU_MEMORY_UTILIZATION": "0.3",
-    "CPU_KVCACHE_SPACE_GIB": "1",
+    **CPU_ENGINE_DEFAULTS,
     "MAX_MODEL_LEN": "512",
     "MAX_NUM_SEQS": "32",
     "MAX_NUM_BATCHED_TOKENS": "2048",

@@ -643,10 +643,9 @@ class Runner:
         if self.publish_here is None or not self._idle():
             return
         now = time.monotonic()
-        recent = [j for j, at in self._adopted.items() if now - at < ADOPT_AGAIN_AFTER_S]
-        self._adopted = {j: self._adopted[j] for j in recent}
+        self._adopted = {j: at for j, at in self._adopted.items() if now - at < ADOPT_AGAIN_AFTER_S}
         with self._lock:
-            mine = [*self._handles, *recent]
+            mine = [*self._handles, *self._adopted]
         with self.db.connect() as conn:
             job_id = conn.execute(
                 sa.text(
