@@ -287,3 +287,40 @@ def test_graceful_shutdown_releases_items(harness: Harness) -> None:
         ).scalar()
     assert refunded == 0  # a graceful release costs no attempt
     check_invariants(harness.db, job_id, finished=False)
+
+
+def test_a_big_claim_is_rendered_and_launched_in_slices(harness: Harness) -> None:
+    runner = harness.runner()
+    sizes: list[int] = []
+    prepare = runner.engine.prepare
+
+    def recording(items, sampling):  # noqa: ANN001, ANN202
+        sizes.append(len(items))
+        return prepare(items, sampling)
+
+    runner.engine.prepare = recording  # type: ignore[method-assign]
+    job_id = seed_job(harness.db, harness.settings, n=100)
+    thread, _ = harness.drive(runner, job_id)
+    thread.join(60)
+    assert wait_status(harness.db, job_id, {"completed"}).succeeded == 100
+    check_invariants(harness.db, job_id)
+    assert sum(sizes) == 100
+    # The first claim takes the whole window (2 x 16 items); it reaches the engine in slices.
+    assert runner.window > runner.launch_chunk
+    assert sizes[:2] == [runner.launch_chunk, runner.launch_chunk], sizes
+    assert max(sizes) <= runner.launch_chunk
+
+
+def test_results_are_stored_once_the_engine_empties_not_at_the_write_interval(
+    harness: Harness,
+) -> None:
+    # A write interval far longer than the job: the writer must not sit on the last results.
+    runner = harness.runner(write_interval_s=60)
+    job_id = seed_job(harness.db, harness.settings, n=50)
+    started = time.monotonic()
+    thread, reports = harness.drive(runner, job_id)
+    thread.join(30)
+    assert not thread.is_alive()
+    assert wait_status(harness.db, job_id, {"completed"}, timeout=1).succeeded == 50
+    assert time.monotonic() - started < 30
+    check_invariants(harness.db, job_id)

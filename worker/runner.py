@@ -135,6 +135,7 @@ class Runner:
         # (window - max_num_seqs items) never runs dry.
         self.claim_min = max(1, min(64, self.window // 8))
         self.claim_max = max(1, self.window // 4)
+        self.launch_chunk = max(16, settings.max_num_seqs // 4)
         self._lock = threading.Lock()
         self._handles: dict[uuid.UUID, JobHandle] = {}
         self._inflight = 0
@@ -408,6 +409,14 @@ class Runner:
         if suspects:
             handle.suspects = False
             log.warning("running %d crash suspect(s) of job %s alone", len(claimed), handle.job_id)
+        with self._lock:
+            handle.unsettled += len(claimed)
+        # Render, tokenize and launch in slices: the engine starts on the first slice while
+        # the rest of a big claim (a whole window at a job's start) is still being rendered.
+        for start in range(0, len(claimed), self.launch_chunk):
+            self._launch_slice(handle, claimed[start : start + self.launch_chunk], suspects)
+
+    def _launch_slice(self, handle: JobHandle, claimed: list[Claimed], suspects: bool) -> None:
         sampling = [
             resolve_sampling(
                 handle.params, c.params, default_max_tokens=self.settings.default_max_tokens
@@ -417,8 +426,6 @@ class Runner:
         prepared = self.engine.prepare(claimed, sampling)
         flights: list[Flight] = []
         now = time.monotonic()
-        with self._lock:
-            handle.unsettled += len(claimed)
         for item, ready in zip(claimed, prepared, strict=True):
             if isinstance(ready, ItemRejected):
                 self._outcomes.put(
@@ -531,6 +538,8 @@ class Runner:
             deadline = time.monotonic() + self.settings.write_interval_s
             closing = False
             while len(batch) < self.settings.write_batch_max:
+                if self._inflight == 0 and self._outcomes.empty():
+                    break  # the engine is empty: nothing more is coming soon, so store it now
                 timeout = deadline - time.monotonic()
                 if timeout <= 0:
                     break

@@ -28,6 +28,7 @@ from thinkbatch.settings import Settings
 from thinkbatch.thinking import THINK_END
 from thinkbatch.thinking import THINK_START
 from thinkbatch.thinking import prompt_opens_thinking
+from worker.affinity import keep_off_compute_cores
 from worker.engine import EngineDead
 from worker.engine import Generation
 from worker.engine import ItemRejected
@@ -90,6 +91,7 @@ class VLLMEngine:
         configure_environment(self.settings)
         model = resolve_model(self.settings)
         self.llm = AsyncLLM.from_engine_args(engine_args(self.settings, model))
+        keep_off_compute_cores()
         self.tokenizer = self.llm.get_tokenizer()
         # The Rust tokenizer under the transformers wrapper, for the one-shot decode.
         self._backend = getattr(self.tokenizer, "backend_tokenizer", None) or self.tokenizer
