@@ -324,3 +324,20 @@ def test_results_are_stored_once_the_engine_empties_not_at_the_write_interval(
     assert wait_status(harness.db, job_id, {"completed"}, timeout=1).succeeded == 50
     assert time.monotonic() - started < 30
     check_invariants(harness.db, job_id)
+
+
+def test_a_handed_over_job_counts_its_predecessors_tail_in_its_share(settings: Settings) -> None:
+    from worker.runner import JobHandle
+
+    runner = Runner(settings, engine=create_engine(settings), db=None, publish=lambda j: True)  # type: ignore[arg-type]
+    job_a, job_b = uuid.uuid4(), uuid.uuid4()
+    # Job a's slice ended with half the window still in the engine; its successor has claimed
+    # nothing yet. Job b, of the same weight, has nothing in the engine.
+    tail = JobHandle(job_id=job_a, weight=1, params={}, inflight=runner.window // 2)
+    successor = JobHandle(job_id=job_a, weight=1, params={}, predecessor=tail)
+    other = JobHandle(job_id=job_b, weight=1, params={})
+    picked, n = runner._pick([successor, other], free=runner.window // 2)  # noqa: SLF001
+    assert picked is other, "job a already holds its share through the predecessor's tail"
+    assert successor.job_inflight() == runner.window // 2
+    tail.inflight = 0  # the tail drained: the successor lets go of it
+    assert successor.job_inflight() == 0 and successor.predecessor is None

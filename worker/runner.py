@@ -77,6 +77,19 @@ class JobHandle:
     exhausted_until: float = 0.0  # the last claim found nothing; look again after this
     suspects: bool = False
     settled: threading.Event = field(default_factory=threading.Event)
+    # The handle this one took the job over from at a slice hand-off; its tail is still in the
+    # engine and counts towards the job's share until it drains.
+    predecessor: JobHandle | None = None
+
+    def job_inflight(self) -> int:
+        """Items of this job in the engine, under this handle and the ones it took over from."""
+        n, handle = self.inflight, self.predecessor
+        while handle is not None:
+            n += handle.inflight
+            handle = handle.predecessor
+        if self.predecessor is not None and n == self.inflight:
+            self.predecessor = None  # drained: let it go
+        return n
 
 
 @dataclass(eq=False)
@@ -317,7 +330,9 @@ class Runner:
                 return None  # another task of this process already drives it
             # A predecessor whose slice ended keeps its flights (they point at its handle) and
             # returns once they are stored; claiming for the job continues under this handle.
-            handle = JobHandle(job_id=job_id, weight=1 + row.priority, params=row.params or {})
+            handle = JobHandle(
+                job_id=job_id, weight=1 + row.priority, params=row.params or {}, predecessor=current
+            )
             self._handles[job_id] = handle
         self._wake.set()
         return handle
@@ -374,8 +389,9 @@ class Runner:
     def _pick(self, handles: list[JobHandle], free: int) -> tuple[JobHandle, int]:
         """Weighted fair share: the job furthest below its share of the window goes next."""
         total = sum(h.weight for h in handles)
-        best = max(handles, key=lambda h: self.window * h.weight / total - h.inflight)
-        deficit = self.window * best.weight / total - best.inflight
+        inflight = {h: h.job_inflight() for h in handles}
+        best = max(handles, key=lambda h: self.window * h.weight / total - inflight[h])
+        deficit = self.window * best.weight / total - inflight[best]
         # An engine running less than a full batch gets its whole window in one claim (a job's
         # start, or after a lull); afterwards chunks of claim_max keep its queue topped up.
         chunk = self.window if self._inflight < self.settings.max_num_seqs else self.claim_max
