@@ -341,3 +341,27 @@ def test_a_handed_over_job_counts_its_predecessors_tail_in_its_share(settings: S
     assert successor.job_inflight() == runner.window // 2
     tail.inflight = 0  # the tail drained: the successor lets go of it
     assert successor.job_inflight() == 0 and successor.predecessor is None
+
+
+def test_the_last_progress_report_of_a_finished_job_is_final(harness: Harness) -> None:
+    """Flower shows a task's last PROGRESS: done must equal total once the job is complete,
+    even when the last results are stored while the task is reading the job's state."""
+    runner = harness.runner()
+
+    def slowly(read: Callable[[uuid.UUID], Any]) -> Callable[[uuid.UUID], Any]:
+        def read_then_wait(job_id: uuid.UUID) -> Any:
+            state = read(job_id)
+            time.sleep(0.3)  # results stored meanwhile are not in `state`
+            return state
+
+        return read_then_wait
+
+    runner._job_state = slowly(runner._job_state)  # type: ignore[method-assign]
+    runner._heartbeat_job = slowly(runner._heartbeat_job)  # type: ignore[method-assign]
+    for n in (1, 20, 40, 60):
+        job_id = seed_job(harness.db, harness.settings, n=n)
+        thread, reports = harness.drive(runner, job_id)
+        thread.join(30)
+        assert wait_status(harness.db, job_id, {"completed"}).succeeded == n
+        progress = reports[:-1]
+        assert progress and progress[-1] == (n, n), (n, progress)

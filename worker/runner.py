@@ -254,6 +254,9 @@ class Runner:
             while True:
                 handle.settled.wait(PROGRESS_INTERVAL_S)
                 handle.settled.clear()
+                # Read before the job's state: if nothing of ours was unsettled then, the state
+                # includes every result we stored, so the report made from it is final.
+                all_settled = handle.unsettled == 0
                 now = time.monotonic()
                 # Postgres may restart under us: keep retrying rather than drop the job.
                 if now >= next_beat:
@@ -286,7 +289,7 @@ class Runner:
                         # Hand the job on now, while our tail is still in the engine: the next
                         # task (here or on another worker) claims before the window drains.
                         handed_off = self.publish(job_id)
-                if handle.unsettled == 0:
+                if all_settled:
                     if not handle.claim_open:
                         break
                     if handle.exhausted_until and state.pending == 0:
