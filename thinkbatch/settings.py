@@ -123,7 +123,12 @@ class Settings(BaseSettings):
     fanout_items: int = Field(
         256, ge=1, description="A new job gets a task message per this many items (to JOB_FANOUT)."
     )
-    write_interval_s: float = Field(0.2, gt=0, description="Result writer flush period.")
+    write_interval_s: float = Field(
+        0.2,
+        gt=0,
+        description="Longest a finished result waits in the writer to be stored with others "
+        "(stored at once when the engine holds nothing more).",
+    )
     write_batch_max: int = Field(1000, ge=1, description="Most results per writer transaction.")
     db_pool_size: int = Field(5, ge=1, description="SQLAlchemy pool size per process.")
 
