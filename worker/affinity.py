@@ -7,7 +7,7 @@ threads, though: the engine core and the worker's threads (engine loop, claimer,
 to land on a compute core, and every time one does, the model's whole forward pass waits for it.
 On 2 cores (model threads on core 0, core 1 reserved) the benchmark job, in rounds alternating
 pinned and not, finished in a median 15.3 s pinned against 16.6 s not. That is within the
-host's drift between rounds (up to 20 % that day); it is kept because it is how vLLM means the
+host's drift between rounds (13.9-18.2 s that day); it is kept because it is how vLLM means the
 reserved cores to be used.
 
 On a GPU host nothing is bound, so this finds no compute cores and changes nothing.
