@@ -335,25 +335,25 @@ def main() -> int:
     stack = Stack(env, tmp / "logs")
     spy = None
     try:
-        profile = tmp / "worker.folded" if args.profile else None
-        client, spy = start_system(stack, profile)
-        raw_arm.wait_ready()
-        db = sa.create_engine(database_url)
-        raw_rounds, system_rounds = [], []
-        for r in range(args.rounds):  # interleaved: both arms see the same moments of the host
-            raw_rounds.append(raw_arm.round(r))
-            system_rounds.append(system_round(client, db, args.items, args.max_tokens, r))
-        db.dispose()
+        try:
+            profile = tmp / "worker.folded" if args.profile else None
+            client, spy = start_system(stack, profile)
+            raw_arm.wait_ready()
+            db = sa.create_engine(database_url)
+            raw_rounds, system_rounds = [], []
+            for r in range(args.rounds):  # interleaved: both arms see the same moments
+                raw_rounds.append(raw_arm.round(r))
+                system_rounds.append(system_round(client, db, args.items, args.max_tokens, r))
+            db.dispose()
+        finally:
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                spy.wait(30)
+            raw_arm.close()
+            stack.stop_all()
         # The writer's statement alone is measured with both engines stopped, on a quiet machine.
-        raw_arm.close()
-        stack.stop_all()
         capacity = write_capacity(database_url)
     finally:
-        if spy is not None:
-            spy.send_signal(signal.SIGINT)
-            spy.wait(30)
-        raw_arm.close()
-        stack.stop_all()
         for service in reversed(services):
             service.stop()
 

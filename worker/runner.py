@@ -659,9 +659,7 @@ class Runner:
             return False
         if self.window - self._inflight < max(1, self.window // 2):
             return False
-        now = time.monotonic()
-        with self._lock:
-            return not any(h.claim_open and h.exhausted_until < now for h in self._handles.values())
+        return not self._claimable()
 
     def _look_for_work(self) -> None:
         """Pull, don't wait to be pushed: hints are spread by Redis as it pleases (one worker may
