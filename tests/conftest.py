@@ -68,7 +68,9 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
 
 @pytest.fixture(scope="session")
 def database_url(servers: Servers) -> str:
-    url = recreate_database(servers.postgres_admin_url, "thinkbatch_test")
+    # TEST_DATABASE_NAME lets two checkouts run their tests side by side on one server.
+    name = os.environ.get("TEST_DATABASE_NAME", "thinkbatch_test")
+    url = recreate_database(servers.postgres_admin_url, name)
     migrate(url)
     return url
 
