@@ -4,40 +4,27 @@ from __future__ import annotations
 
 from flask import Blueprint
 from flask import Response
-from flask import request
 from flask import stream_with_context
 
+from api import params
 from api import services
+from api.body import require_json
+from api.body import spool
 from thinkbatch import jobs as service
-from thinkbatch.jobs import InvalidRequest
 from thinkbatch.queue import mark_hinted
 from thinkbatch.queue import publish_job
 
 bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
 
-DEFAULT_PAGE = 100
-MAX_PAGE = 1000
-
-
-def _limit() -> int:
-    raw = request.args.get("limit")
-    if raw is None:
-        return DEFAULT_PAGE
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidRequest("limit: must be an integer", param="limit") from None
-    if not 1 <= value <= MAX_PAGE:
-        raise InvalidRequest(f"limit: must be between 1 and {MAX_PAGE}", param="limit")
-    return value
-
 
 @bp.post("")
 def create() -> tuple[dict[str, object], int]:
     svc = services()
-    with svc.sessions.begin() as session:
-        # Read and store the body as it streams; any invalid item rolls everything back.
-        job = service.create_job_from_stream(session, request.stream, svc.settings)
+    require_json()
+    # The whole body first, off the network, with no transaction open (see api.body); then
+    # parse and store it as it streams from the spool: any invalid item rolls everything back.
+    with spool(svc.settings) as body, svc.sessions.begin() as session:
+        job = service.create_job_from_stream(session, body, svc.settings)
         out = service.job_out(job)
         copies = service.fanout(job, svc.settings)
     # After the commit: a worker must find the rows. If Redis is down the job still stands;
@@ -52,7 +39,7 @@ def create() -> tuple[dict[str, object], int]:
 def list_() -> dict[str, object]:
     svc = services()
     with svc.sessions() as session:
-        page = service.list_jobs(session, after=request.args.get("after"), limit=_limit())
+        page = service.list_jobs(session, after=params.job_cursor(), limit=params.limit())
     return page.model_dump(mode="json")
 
 
@@ -67,14 +54,11 @@ def get(job_id: str) -> dict[str, object]:
 @bp.get("/<job_id>/items")
 def items(job_id: str) -> dict[str, object]:
     svc = services()
-    status = service.parse_item_status(request.args.get("status"))
+    status = service.parse_item_status(params.status())
+    after, limit = params.item_cursor(), params.limit()
     with svc.sessions() as session:
         page = service.items_page(
-            session,
-            service.parse_job_id(job_id),
-            status=status,
-            after=request.args.get("after"),
-            limit=_limit(),
+            session, service.parse_job_id(job_id), status=status, after=after, limit=limit
         )
     return page.model_dump(mode="json")
 
@@ -82,7 +66,7 @@ def items(job_id: str) -> dict[str, object]:
 @bp.get("/<job_id>/results")
 def results(job_id: str) -> Response:
     svc = services()
-    status = service.parse_item_status(request.args.get("status"))
+    status = service.parse_item_status(params.status())
     key = service.parse_job_id(job_id)
     with svc.sessions() as session:
         service.get_job(session, key)  # 404 before the stream starts
@@ -93,6 +77,7 @@ def results(job_id: str) -> Response:
 @bp.post("/<job_id>/cancel")
 def cancel(job_id: str) -> dict[str, object]:
     svc = services()
+    require_json(body_required=False)
     with svc.sessions() as session:
         job = service.cancel_job(session, service.parse_job_id(job_id))
         return service.job_out(job).model_dump(mode="json")
