@@ -15,6 +15,7 @@ import tempfile
 from typing import IO
 
 from flask import request
+from werkzeug.exceptions import ClientDisconnected
 from werkzeug.exceptions import HTTPException
 from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.exceptions import RequestTimeout
@@ -64,11 +65,20 @@ def spool(settings: Settings) -> IO[bytes]:
             if total > settings.max_request_bytes:  # a chunked body has no Content-Length
                 raise RequestEntityTooLarge()
             out.write(chunk)
+    except ClientDisconnected as error:
+        out.close()
+        # werkzeug reports any failed read as a disconnect; the socket timeout is its cause
+        # when the client went silent (the TimeoutError is the exception's context).
+        if isinstance(error.__context__, TimeoutError):
+            _stop_reading(sock)
+            raise _StalledBody(settings.request_read_timeout_s) from None
+        raise
     except HTTPException:
         out.close()
         raise
     except TimeoutError:
         out.close()
+        _stop_reading(sock)
         raise _StalledBody(settings.request_read_timeout_s) from None
     except BaseException:
         out.close()
@@ -83,10 +93,17 @@ def spool(settings: Settings) -> IO[bytes]:
     return out
 
 
+def _stop_reading(sock: object) -> None:
+    """The rest of a stalled body may still come, and the connection cannot carry another
+    request: end its read side so gunicorn closes it after the 408 instead of keeping it alive
+    (it drops a `Connection: close` that an app sets)."""
+    if isinstance(sock, socket.socket):
+        try:
+            sock.shutdown(socket.SHUT_RD)
+        except OSError:
+            pass
+
+
 class _StalledBody(RequestTimeout):
     def __init__(self, timeout_s: float):
         super().__init__(f"the request body stalled: no bytes for {timeout_s:g} seconds")
-
-    def get_headers(self, environ=None, scope=None):  # noqa: ANN001, ANN201
-        # The rest of the body may still arrive; the connection cannot carry another request.
-        return [*super().get_headers(environ, scope), ("Connection", "close")]
