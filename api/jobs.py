@@ -10,14 +10,44 @@ from api import params
 from api import services
 from api.body import require_json
 from api.body import spool
+from api.openapi import NDJSON
+from api.openapi import Doc
+from api.openapi import Query
+from api.openapi import describe
 from thinkbatch import jobs as service
+from thinkbatch.models import ItemStatus
 from thinkbatch.queue import mark_hinted
 from thinkbatch.queue import publish_job
+from thinkbatch.schemas import ItemPage
+from thinkbatch.schemas import JobCreate
+from thinkbatch.schemas import JobOut
+from thinkbatch.schemas import JobPage
 
 bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
 
+LIMIT = Query(
+    "limit",
+    {"type": "integer", "minimum": 1, "maximum": params.MAX_PAGE, "default": params.DEFAULT_PAGE},
+    "Page size, in plain ASCII digits.",
+)
+STATUS = Query(
+    "status",
+    {"type": "string", "enum": [s.value for s in ItemStatus]},
+    "Only items in this status.",
+)
+
 
 @bp.post("")
+@describe(
+    Doc(
+        summary="Submit a job.",
+        body=JobCreate,
+        responses={201: JobOut},
+        notes={201: "The job, stored and queued."},
+        errors=(400, 408, 413, 415),
+        tags=("jobs",),
+    )
+)
 def create() -> tuple[dict[str, object], int]:
     svc = services()
     require_json()
@@ -36,6 +66,19 @@ def create() -> tuple[dict[str, object], int]:
 
 
 @bp.get("")
+@describe(
+    Doc(
+        summary="List jobs, newest first.",
+        query=(
+            Query("after", {"type": "string", "format": "uuid"}, "The last job id of the page "
+                  "before (its `last_id`)."),
+            LIMIT,
+        ),
+        responses={200: JobPage},
+        errors=(400,),
+        tags=("jobs",),
+    )
+)  # fmt: skip
 def list_() -> dict[str, object]:
     svc = services()
     with svc.sessions() as session:
@@ -44,6 +87,7 @@ def list_() -> dict[str, object]:
 
 
 @bp.get("/<job_id>")
+@describe(Doc(summary="A job.", responses={200: JobOut}, errors=(404,), tags=("jobs",)))
 def get(job_id: str) -> dict[str, object]:
     svc = services()
     with svc.sessions() as session:
@@ -52,6 +96,19 @@ def get(job_id: str) -> dict[str, object]:
 
 
 @bp.get("/<job_id>/items")
+@describe(
+    Doc(
+        summary="A page of the job's item records, in submission order.",
+        query=(
+            STATUS,
+            Query("after", {"type": "string"}, "The last custom_id of the page before."),
+            LIMIT,
+        ),
+        responses={200: ItemPage},
+        errors=(400, 404),
+        tags=("jobs",),
+    )
+)
 def items(job_id: str) -> dict[str, object]:
     svc = services()
     status = service.parse_item_status(params.status())
@@ -64,6 +121,16 @@ def items(job_id: str) -> dict[str, object]:
 
 
 @bp.get("/<job_id>/results")
+@describe(
+    Doc(
+        summary="Every item record of the job, one JSON object (ItemOut) per line.",
+        query=(STATUS,),
+        responses={200: NDJSON},
+        notes={200: "NDJSON: one `ItemOut` object per line, in submission order."},
+        errors=(400, 404),
+        tags=("jobs",),
+    )
+)
 def results(job_id: str) -> Response:
     svc = services()
     status = service.parse_item_status(params.status())
@@ -75,6 +142,14 @@ def results(job_id: str) -> Response:
 
 
 @bp.post("/<job_id>/cancel")
+@describe(
+    Doc(
+        summary="Cancel a queued or running job (no body).",
+        responses={200: JobOut},
+        errors=(404, 409, 415),
+        tags=("jobs",),
+    )
+)
 def cancel(job_id: str) -> dict[str, object]:
     svc = services()
     require_json(body_required=False)
