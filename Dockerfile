@@ -15,8 +15,7 @@ COPY migrations ./migrations
 FROM base AS api
 RUN pip install ".[api,worker]"
 EXPOSE 8000
-CMD ["gunicorn", "api.wsgi:app", "--bind", "0.0.0.0:8000", "--workers", "4", \
-     "--timeout", "300", "--access-logfile", "-"]
+CMD ["gunicorn", "-c", "api/gunicorn.conf.py", "api.wsgi:app"]
 
 FROM base AS worker
 RUN pip install ".[worker,gpu]"

@@ -40,10 +40,12 @@ def create_app(settings: Settings | None = None) -> Flask:
     from api import errors
     from api import health
     from api import jobs
+    from api import openapi
 
     errors.init_app(app)
     app.register_blueprint(health.bp)
     app.register_blueprint(jobs.bp)
+    app.register_blueprint(openapi.bp)
     return app
 
 

@@ -41,10 +41,17 @@ def init_app(app: Flask) -> None:
 
     @app.errorhandler(HTTPException)
     def http_error(error: HTTPException) -> tuple[Response, int]:
+        # Routing errors (unknown path, wrong method, wrong media type ...) in the same envelope.
         status = error.code or 500
         kind = {404: "not_found", 409: "conflict"}.get(status, "invalid_request_error")
         code = (error.name or "error").lower().replace(" ", "_")
-        return error_response(status, kind, code, error.description or error.name)
+        response, status = error_response(status, kind, code, error.description or error.name)
+        # Keep what the exception says in headers: `Allow` on a 405 (RFC 9110 requires it),
+        # `Connection: close` on a stalled upload's 408. Our body sets its own Content-Type.
+        for name, value in error.get_headers():
+            if name.lower() != "content-type":
+                response.headers[name] = value
+        return response, status
 
     @app.errorhandler(sa_exc.DBAPIError)
     def database_error(error: sa_exc.DBAPIError) -> tuple[Response, int]:

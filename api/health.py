@@ -2,20 +2,43 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import sqlalchemy as sa
 from flask import Blueprint
+from pydantic import BaseModel
 
 from api import services
+from api.openapi import Doc
+from api.openapi import describe
 
 bp = Blueprint("health", __name__)
 
 
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Readiness(BaseModel):
+    status: Literal["ok", "degraded"]
+    checks: dict[str, str]
+
+
 @bp.get("/healthz")
+@describe(Doc(summary="Liveness: the process answers.", responses={200: Health}, tags=("meta",)))
 def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
 @bp.get("/readyz")
+@describe(
+    Doc(
+        summary="Readiness: the database and Redis answer.",
+        responses={200: Readiness, 503: Readiness},
+        notes={503: "A dependency is down; `checks` says which."},
+        tags=("meta",),
+    )
+)
 def readyz() -> tuple[dict[str, object], int]:
     checks: dict[str, str] = {}
     try:

@@ -4,40 +4,57 @@ from __future__ import annotations
 
 from flask import Blueprint
 from flask import Response
-from flask import request
 from flask import stream_with_context
 
+from api import params
 from api import services
+from api.body import require_json
+from api.body import spool
+from api.openapi import NDJSON
+from api.openapi import Doc
+from api.openapi import Query
+from api.openapi import describe
 from thinkbatch import jobs as service
-from thinkbatch.jobs import InvalidRequest
+from thinkbatch.models import ItemStatus
 from thinkbatch.queue import mark_hinted
 from thinkbatch.queue import publish_job
+from thinkbatch.schemas import ItemPage
+from thinkbatch.schemas import JobCreate
+from thinkbatch.schemas import JobOut
+from thinkbatch.schemas import JobPage
 
 bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
 
-DEFAULT_PAGE = 100
-MAX_PAGE = 1000
-
-
-def _limit() -> int:
-    raw = request.args.get("limit")
-    if raw is None:
-        return DEFAULT_PAGE
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidRequest("limit: must be an integer", param="limit") from None
-    if not 1 <= value <= MAX_PAGE:
-        raise InvalidRequest(f"limit: must be between 1 and {MAX_PAGE}", param="limit")
-    return value
+LIMIT = Query(
+    "limit",
+    {"type": "integer", "minimum": 1, "maximum": params.MAX_PAGE, "default": params.DEFAULT_PAGE},
+    "Page size, in plain ASCII digits.",
+)
+STATUS = Query(
+    "status",
+    {"type": "string", "enum": [s.value for s in ItemStatus]},
+    "Only items in this status.",
+)
 
 
 @bp.post("")
+@describe(
+    Doc(
+        summary="Submit a job.",
+        body=JobCreate,
+        responses={201: JobOut},
+        notes={201: "The job, stored and queued."},
+        errors=(400, 408, 413, 415),
+        tags=("jobs",),
+    )
+)
 def create() -> tuple[dict[str, object], int]:
     svc = services()
-    with svc.sessions.begin() as session:
-        # Read and store the body as it streams; any invalid item rolls everything back.
-        job = service.create_job_from_stream(session, request.stream, svc.settings)
+    require_json()
+    # The whole body first, off the network, with no transaction open (see api.body); then
+    # parse and store it as it streams from the spool: any invalid item rolls everything back.
+    with spool(svc.settings) as body, svc.sessions.begin() as session:
+        job = service.create_job_from_stream(session, body, svc.settings)
         out = service.job_out(job)
         copies = service.fanout(job, svc.settings)
     # After the commit: a worker must find the rows. If Redis is down the job still stands;
@@ -49,14 +66,28 @@ def create() -> tuple[dict[str, object], int]:
 
 
 @bp.get("")
+@describe(
+    Doc(
+        summary="List jobs, newest first.",
+        query=(
+            Query("after", {"type": "string", "format": "uuid"}, "The last job id of the page "
+                  "before (its `last_id`)."),
+            LIMIT,
+        ),
+        responses={200: JobPage},
+        errors=(400,),
+        tags=("jobs",),
+    )
+)  # fmt: skip
 def list_() -> dict[str, object]:
     svc = services()
     with svc.sessions() as session:
-        page = service.list_jobs(session, after=request.args.get("after"), limit=_limit())
+        page = service.list_jobs(session, after=params.job_cursor(), limit=params.limit())
     return page.model_dump(mode="json")
 
 
 @bp.get("/<job_id>")
+@describe(Doc(summary="A job.", responses={200: JobOut}, errors=(404,), tags=("jobs",)))
 def get(job_id: str) -> dict[str, object]:
     svc = services()
     with svc.sessions() as session:
@@ -65,24 +96,44 @@ def get(job_id: str) -> dict[str, object]:
 
 
 @bp.get("/<job_id>/items")
+@describe(
+    Doc(
+        summary="A page of the job's item records, in submission order.",
+        query=(
+            STATUS,
+            Query("after", {"type": "string"}, "The last custom_id of the page before."),
+            LIMIT,
+        ),
+        responses={200: ItemPage},
+        errors=(400, 404),
+        tags=("jobs",),
+    )
+)
 def items(job_id: str) -> dict[str, object]:
     svc = services()
-    status = service.parse_item_status(request.args.get("status"))
+    status = service.parse_item_status(params.status())
+    after, limit = params.item_cursor(), params.limit()
     with svc.sessions() as session:
         page = service.items_page(
-            session,
-            service.parse_job_id(job_id),
-            status=status,
-            after=request.args.get("after"),
-            limit=_limit(),
+            session, service.parse_job_id(job_id), status=status, after=after, limit=limit
         )
     return page.model_dump(mode="json")
 
 
 @bp.get("/<job_id>/results")
+@describe(
+    Doc(
+        summary="Every item record of the job, one JSON object (ItemOut) per line.",
+        query=(STATUS,),
+        responses={200: NDJSON},
+        notes={200: "NDJSON: one `ItemOut` object per line, in submission order."},
+        errors=(400, 404),
+        tags=("jobs",),
+    )
+)
 def results(job_id: str) -> Response:
     svc = services()
-    status = service.parse_item_status(request.args.get("status"))
+    status = service.parse_item_status(params.status())
     key = service.parse_job_id(job_id)
     with svc.sessions() as session:
         service.get_job(session, key)  # 404 before the stream starts
@@ -91,8 +142,17 @@ def results(job_id: str) -> Response:
 
 
 @bp.post("/<job_id>/cancel")
+@describe(
+    Doc(
+        summary="Cancel a queued or running job (no body).",
+        responses={200: JobOut},
+        errors=(404, 409, 415),
+        tags=("jobs",),
+    )
+)
 def cancel(job_id: str) -> dict[str, object]:
     svc = services()
+    require_json(body_required=False)
     with svc.sessions() as session:
         job = service.cancel_job(session, service.parse_job_id(job_id))
         return service.job_out(job).model_dump(mode="json")

@@ -85,6 +85,26 @@ class Settings(BaseSettings):
         7 * 86400, ge=1, description="Largest completion_window a job may ask for."
     )
 
+    # --- API server (gunicorn, see api/gunicorn.conf.py) -------------------------------------
+    api_workers: int = Field(2, ge=1, description="API worker processes (gunicorn).")
+    api_threads: int = Field(
+        16,
+        ge=1,
+        description="Threads per API process: requests it serves at once. A client still "
+        "sending its body holds one thread, and nothing else.",
+    )
+    request_read_timeout_s: float = Field(
+        30,
+        gt=0,
+        description="Longest the API waits for the next bytes of a request body (408 after).",
+    )
+    spool_memory_bytes: int = Field(
+        1024 * 1024,
+        ge=0,
+        description="A request body is read in full before it is stored: in memory up to this "
+        "size, in a temporary file beyond.",
+    )
+
     # --- timeouts (they nest; see check_timeouts) -------------------------------------------
     item_deadline_s: float = Field(
         1800, gt=0, description="Longest an item may stay in the engine before it is aborted."

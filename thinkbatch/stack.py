@@ -105,16 +105,17 @@ class Stack:
         self.procs.append(proc)
         return proc
 
-    def start_api(self, port: int | None = None, workers: int = 2) -> Proc:
+    def start_api(self, port: int | None = None, workers: int | None = None) -> Proc:
+        """gunicorn with the settings of api/gunicorn.conf.py (worker model, threads, from the
+        environment's API_WORKERS and API_THREADS); `workers` overrides API_WORKERS."""
         port = port or free_port()
-        proc = self._spawn(
-            "api",
-            [
-                sys.executable, "-m", "gunicorn", "api.wsgi:app",
-                "--bind", f"127.0.0.1:{port}", "--workers", str(workers),
-                "--timeout", "300", "--access-logfile", "-",
-            ],
-        )  # fmt: skip
+        args = [
+            sys.executable, "-m", "gunicorn", "-c", str(ROOT / "api" / "gunicorn.conf.py"),
+            "--bind", f"127.0.0.1:{port}",
+        ]  # fmt: skip
+        if workers is not None:
+            args += ["--workers", str(workers)]
+        proc = self._spawn("api", [*args, "api.wsgi:app"])
         proc.port = port
         wait_for_port(port, timeout=60)
         return proc
