@@ -26,7 +26,7 @@ from thinkbatch.local_services import LocalRedis
 from thinkbatch.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
-TABLES = "item_results, items, jobs, workers"
+TABLES = "item_results, items, jobs, workers, api_keys"
 
 
 @dataclass(frozen=True)
