@@ -6,16 +6,19 @@ import sqlalchemy as sa
 from flask import Blueprint
 
 from api import services
+from api.auth import public
 
 bp = Blueprint("health", __name__)
 
 
 @bp.get("/healthz")
+@public
 def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
 @bp.get("/readyz")
+@public
 def readyz() -> tuple[dict[str, object], int]:
     checks: dict[str, str] = {}
     try:

@@ -8,6 +8,7 @@ from flask import request
 from flask import stream_with_context
 
 from api import services
+from api.auth import caller
 from thinkbatch import jobs as service
 from thinkbatch.jobs import InvalidRequest
 from thinkbatch.queue import mark_hinted
@@ -37,7 +38,7 @@ def create() -> tuple[dict[str, object], int]:
     svc = services()
     with svc.sessions.begin() as session:
         # Read and store the body as it streams; any invalid item rolls everything back.
-        job = service.create_job_from_stream(session, request.stream, svc.settings)
+        job = service.create_job_from_stream(session, caller(), request.stream, svc.settings)
         out = service.job_out(job)
         copies = service.fanout(job, svc.settings)
     # After the commit: a worker must find the rows. If Redis is down the job still stands;
@@ -52,7 +53,7 @@ def create() -> tuple[dict[str, object], int]:
 def list_() -> dict[str, object]:
     svc = services()
     with svc.sessions() as session:
-        page = service.list_jobs(session, after=request.args.get("after"), limit=_limit())
+        page = service.list_jobs(session, caller(), after=request.args.get("after"), limit=_limit())
     return page.model_dump(mode="json")
 
 
@@ -60,7 +61,7 @@ def list_() -> dict[str, object]:
 def get(job_id: str) -> dict[str, object]:
     svc = services()
     with svc.sessions() as session:
-        job = service.get_job(session, service.parse_job_id(job_id))
+        job = service.get_job(session, caller(), service.parse_job_id(job_id))
         return service.job_out(job).model_dump(mode="json")
 
 
@@ -71,6 +72,7 @@ def items(job_id: str) -> dict[str, object]:
     with svc.sessions() as session:
         page = service.items_page(
             session,
+            caller(),
             service.parse_job_id(job_id),
             status=status,
             after=request.args.get("after"),
@@ -84,9 +86,7 @@ def results(job_id: str) -> Response:
     svc = services()
     status = service.parse_item_status(request.args.get("status"))
     key = service.parse_job_id(job_id)
-    with svc.sessions() as session:
-        service.get_job(session, key)  # 404 before the stream starts
-    stream = service.iter_results(svc.engine, key, status=status)
+    stream = service.iter_results(svc.engine, caller(), key, status=status)  # 404 before it starts
     return Response(stream_with_context(stream), mimetype="application/x-ndjson")
 
 
@@ -94,5 +94,5 @@ def results(job_id: str) -> Response:
 def cancel(job_id: str) -> dict[str, object]:
     svc = services()
     with svc.sessions() as session:
-        job = service.cancel_job(session, service.parse_job_id(job_id))
+        job = service.cancel_job(session, caller(), service.parse_job_id(job_id))
         return service.job_out(job).model_dump(mode="json")

@@ -249,13 +249,14 @@ def write_capacity(database_url: str, n: int = 6000, batch: int = 500) -> float:
 
     from thinkbatch import jobs as service
     from thinkbatch import ledger
+    from thinkbatch.keys import LOCAL
     from thinkbatch.schemas import JobCreate
 
     settings = Settings(database_url=database_url)
     engine = sa.create_engine(database_url)
     spec = JobCreate.model_validate({"items": [{"prompt": f"p{k}"} for k in range(n)]})
     with orm.Session(engine) as session, session.begin():
-        job_id = service.create_job(session, spec, settings).id
+        job_id = service.create_job(session, LOCAL, spec, settings).id
         session.execute(
             sa.text("INSERT INTO workers (id, hostname, pid, model) VALUES ('bench', 'h', 0, 'm')")
         )

@@ -23,6 +23,7 @@ import click
 import sqlalchemy as sa
 from sqlalchemy import orm
 
+from thinkbatch.models import DEFAULT_TENANT
 from thinkbatch.models import ApiKey
 
 _KEY = re.compile(r"tb_([0-9a-f]{8})_([A-Za-z0-9_-]{43})")
@@ -38,6 +39,10 @@ class Caller:
 
     tenant: str
     key_prefix: str | None  # None with authentication off
+
+
+# The caller with authentication off, and of in-process callers (bench, tests' helpers).
+LOCAL = Caller(tenant=DEFAULT_TENANT, key_prefix=None)
 
 
 @dataclass(frozen=True)
