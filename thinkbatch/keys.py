@@ -116,6 +116,17 @@ def revoke_key(session: orm.Session, prefix: str) -> KeyInfo | None:
     return _info(row)
 
 
+def issue_key(database_url: str, tenant: str, name: str = "") -> str:
+    """Create a key in the database at `database_url` (for launchers, benchmarks and tests)."""
+    engine = sa.create_engine(database_url)
+    try:
+        with orm.Session(engine) as session, session.begin():
+            key, _ = create_key(session, tenant, name)
+    finally:
+        engine.dispose()
+    return key
+
+
 # --- the admin command (click: a Celery and Flask dependency already, so nothing new) --------
 
 
