@@ -37,12 +37,14 @@ def create_app(settings: Settings | None = None) -> Flask:
         celery=make_celery(settings),
     )
 
+    from api import auth
     from api import errors
     from api import health
     from api import jobs
     from api import openapi
 
     errors.init_app(app)
+    auth.init_app(app)
     app.register_blueprint(health.bp)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(openapi.bp)

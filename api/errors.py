@@ -10,10 +10,13 @@ from flask import jsonify
 from sqlalchemy import exc as sa_exc
 from werkzeug.exceptions import HTTPException
 
+from api.auth import TooManyFailures
+from api.auth import Unauthorized
 from thinkbatch.db import is_transient
 from thinkbatch.jobs import Conflict
 from thinkbatch.jobs import InvalidRequest
 from thinkbatch.jobs import NotFound
+from thinkbatch.quotas import QuotaExceeded
 from thinkbatch.schemas import ApiError
 
 log = logging.getLogger(__name__)
@@ -30,6 +33,26 @@ def init_app(app: Flask) -> None:
     @app.errorhandler(InvalidRequest)
     def invalid(error: InvalidRequest) -> tuple[Response, int]:
         return error_response(400, "invalid_request_error", error.code, error.message, error.param)
+
+    @app.errorhandler(Unauthorized)
+    def unauthorized(error: Unauthorized) -> tuple[Response, int]:
+        response, status = error_response(401, "authentication_error", error.code, error.message)
+        response.headers["WWW-Authenticate"] = 'Bearer realm="thinkbatch"'
+        return response, 401
+
+    @app.errorhandler(TooManyFailures)
+    def too_many_failures(error: TooManyFailures) -> tuple[Response, int]:
+        response, status = error_response(
+            429, "rate_limit_error", "too_many_auth_failures", str(error)
+        )
+        response.headers["Retry-After"] = str(error.retry_after)
+        return response, status
+
+    @app.errorhandler(QuotaExceeded)
+    def quota_exceeded(error: QuotaExceeded) -> tuple[Response, int]:
+        response, status = error_response(429, "rate_limit_error", error.code, error.message)
+        response.headers["Retry-After"] = str(error.retry_after)
+        return response, status
 
     @app.errorhandler(NotFound)
     def not_found(error: NotFound) -> tuple[Response, int]:

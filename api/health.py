@@ -9,6 +9,7 @@ from flask import Blueprint
 from pydantic import BaseModel
 
 from api import services
+from api.auth import public
 from api.openapi import Doc
 from api.openapi import describe
 
@@ -25,12 +26,14 @@ class Readiness(BaseModel):
 
 
 @bp.get("/healthz")
+@public
 @describe(Doc(summary="Liveness: the process answers.", responses={200: Health}, tags=("meta",)))
 def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
 @bp.get("/readyz")
+@public
 @describe(
     Doc(
         summary="Readiness: the database and Redis answer.",

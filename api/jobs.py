@@ -8,6 +8,7 @@ from flask import stream_with_context
 
 from api import params
 from api import services
+from api.auth import caller
 from api.body import require_json
 from api.body import spool
 from api.openapi import NDJSON
@@ -54,7 +55,7 @@ def create() -> tuple[dict[str, object], int]:
     # The whole body first, off the network, with no transaction open (see api.body); then
     # parse and store it as it streams from the spool: any invalid item rolls everything back.
     with spool(svc.settings) as body, svc.sessions.begin() as session:
-        job = service.create_job_from_stream(session, body, svc.settings)
+        job = service.create_job_from_stream(session, caller(), body, svc.settings)
         out = service.job_out(job)
         copies = service.fanout(job, svc.settings)
     # After the commit: a worker must find the rows. If Redis is down the job still stands;
@@ -82,7 +83,7 @@ def create() -> tuple[dict[str, object], int]:
 def list_() -> dict[str, object]:
     svc = services()
     with svc.sessions() as session:
-        page = service.list_jobs(session, after=params.job_cursor(), limit=params.limit())
+        page = service.list_jobs(session, caller(), after=params.job_cursor(), limit=params.limit())
     return page.model_dump(mode="json")
 
 
@@ -91,7 +92,7 @@ def list_() -> dict[str, object]:
 def get(job_id: str) -> dict[str, object]:
     svc = services()
     with svc.sessions() as session:
-        job = service.get_job(session, service.parse_job_id(job_id))
+        job = service.get_job(session, caller(), service.parse_job_id(job_id))
         return service.job_out(job).model_dump(mode="json")
 
 
@@ -115,7 +116,12 @@ def items(job_id: str) -> dict[str, object]:
     after, limit = params.item_cursor(), params.limit()
     with svc.sessions() as session:
         page = service.items_page(
-            session, service.parse_job_id(job_id), status=status, after=after, limit=limit
+            session,
+            caller(),
+            service.parse_job_id(job_id),
+            status=status,
+            after=after,
+            limit=limit,
         )
     return page.model_dump(mode="json")
 
@@ -135,9 +141,7 @@ def results(job_id: str) -> Response:
     svc = services()
     status = service.parse_item_status(params.status())
     key = service.parse_job_id(job_id)
-    with svc.sessions() as session:
-        service.get_job(session, key)  # 404 before the stream starts
-    stream = service.iter_results(svc.engine, key, status=status)
+    stream = service.iter_results(svc.engine, caller(), key, status=status)  # 404 before it starts
     return Response(stream_with_context(stream), mimetype="application/x-ndjson")
 
 
@@ -154,5 +158,5 @@ def cancel(job_id: str) -> dict[str, object]:
     svc = services()
     require_json(body_required=False)
     with svc.sessions() as session:
-        job = service.cancel_job(session, service.parse_job_id(job_id))
+        job = service.cancel_job(session, caller(), service.parse_job_id(job_id))
         return service.job_out(job).model_dump(mode="json")

@@ -35,6 +35,8 @@ from flask import send_from_directory
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from api.auth import is_public
+from api.auth import public
 from thinkbatch.schemas import ApiError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -45,11 +47,14 @@ NDJSON = "application/x-ndjson"
 # Why each error status can happen; routes list which apply to them.
 ERRORS: dict[int, str] = {
     400: "Invalid request: `param` names the field or query parameter at fault.",
-    404: "No such job (or route).",
+    401: "No API key, or an invalid or revoked one (`Authorization: Bearer <key>`).",
+    404: "No such job (or route). Another tenant's job is not found either.",
     408: "The request body stalled (no bytes for REQUEST_READ_TIMEOUT_S).",
     409: "The job is already finished.",
     413: "The request body is larger than MAX_REQUEST_BYTES.",
     415: "The body is not declared `application/json` (charset utf-8).",
+    429: "Too many failed authentications from this address, or a tenant quota is reached; "
+    "see `Retry-After`.",
     500: "Internal error.",
     503: "The database is unavailable; retry.",
 }
@@ -89,13 +94,14 @@ _PATH_ARG = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")
 def document(app: Flask) -> dict[str, Any]:
     """The OpenAPI document of every described route of `app`."""
     models: dict[tuple[type[BaseModel], str], None] = {(ApiError, "serialization"): None}
-    operations: list[tuple[str, str, Doc]] = []
+    operations: list[tuple[str, str, Doc, bool]] = []
     for rule in app.url_map.iter_rules():
         doc: Doc | None = getattr(app.view_functions[rule.endpoint], "__openapi__", None)
         if doc is None:
             continue
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
-            operations.append((_PATH_ARG.sub(r"{\1}", rule.rule), method.lower(), doc))
+            path = _PATH_ARG.sub(r"{\1}", rule.rule)
+            operations.append((path, method.lower(), doc, is_public(app, rule.endpoint)))
         if doc.body is not None:
             models[(doc.body, "validation")] = None
         for answer in doc.responses.values():
@@ -104,8 +110,8 @@ def document(app: Flask) -> dict[str, Any]:
 
     refs, schemas = models_json_schema(list(models), ref_template=_REF)
     paths: dict[str, dict[str, Any]] = {}
-    for path, method, doc in operations:
-        paths.setdefault(path, {})[method] = _operation(path, method, doc, refs)
+    for path, method, doc, anonymous in operations:
+        paths.setdefault(path, {})[method] = _operation(path, method, doc, refs, anonymous)
     return {
         "openapi": "3.1.0",
         "info": {
@@ -115,11 +121,17 @@ def document(app: Flask) -> dict[str, Any]:
             "the error envelope `ApiError`.",
         },
         "paths": paths,
-        "components": {"schemas": schemas.get("$defs", {})},
+        "components": {
+            "schemas": schemas.get("$defs", {}),
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
     }
 
 
-def _operation(path: str, method: str, doc: Doc, refs: dict[Any, Any]) -> dict[str, Any]:
+def _operation(
+    path: str, method: str, doc: Doc, refs: dict[Any, Any], anonymous: bool
+) -> dict[str, Any]:
     op: dict[str, Any] = {
         "operationId": f"{method}_{re.sub(r'[^a-z0-9]+', '_', path.lower()).strip('_')}",
         "summary": doc.summary,
@@ -164,7 +176,12 @@ def _operation(path: str, method: str, doc: Doc, refs: dict[Any, Any]) -> dict[s
                 "content": {"application/json": {"schema": refs[(answer, "serialization")]}},
             }
     envelope = {"application/json": {"schema": refs[(ApiError, "serialization")]}}
-    for status in sorted({*doc.errors, 500, 503}):
+    errors = {*doc.errors, 500, 503}
+    if anonymous:
+        op["security"] = []  # anonymous callers welcome
+    else:
+        errors |= {401, 429}
+    for status in sorted(errors):
         op["responses"].setdefault(
             str(status), {"description": ERRORS[status], "content": envelope}
         )
@@ -193,7 +210,10 @@ _PAGE = """<!DOCTYPE html>
 """
 
 
+# The API's description and its docs page hold no one's data, and a browser cannot send a
+# bearer key to open a page: they are public, like the probes.
 @bp.get("/openapi.json")
+@public
 @describe(Doc(summary="This document (OpenAPI 3.1).", responses={200: "application/json"},
               tags=("meta",)))  # fmt: skip
 def openapi_json() -> Response:
@@ -204,6 +224,7 @@ def openapi_json() -> Response:
 
 
 @bp.get("/docs")
+@public
 @describe(Doc(summary="Interactive docs of this API (Swagger UI).", responses={200: "text/html"},
               tags=("meta",)))  # fmt: skip
 def docs() -> Response:
@@ -211,5 +232,6 @@ def docs() -> Response:
 
 
 @bp.get("/docs/assets/<path:name>")
+@public
 def assets(name: str) -> Response:
     return send_from_directory(str(_ASSETS), name, max_age=86400)

@@ -21,6 +21,7 @@ import psutil
 import sqlalchemy as sa
 
 from thinkbatch.db import migrate
+from thinkbatch.keys import issue_key
 from thinkbatch.local_services import LocalPostgres
 from thinkbatch.local_services import LocalRedis
 from thinkbatch.settings import Settings
@@ -126,7 +127,12 @@ def main() -> int:
     stack = Stack(env, tmp / "logs")
     try:
         api = stack.start_api(workers=2)
-        client = httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=600)
+        key = issue_key(database_url, "bench", "make bench-scale")
+        client = httpx.Client(
+            base_url=f"http://127.0.0.1:{api.port}",
+            timeout=600,
+            headers={"Authorization": f"Bearer {key}"},
+        )
         client.get("/healthz")  # warm both workers' imports before sampling memory
         payload = json.dumps(body(args.items)).encode()
         sampler = RssSampler(api.pid)

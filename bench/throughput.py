@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 
+from thinkbatch.keys import issue_key
 from thinkbatch.settings import DEMO_MODEL
 from thinkbatch.settings import Settings
 from thinkbatch.stack import ROOT
@@ -201,7 +202,15 @@ def start_system(stack: Stack, profile: Path | None) -> tuple[httpx.Client, Any]
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         time.sleep(1)
-    return httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=300), spy
+    key = issue_key(
+        stack.env.get("DATABASE_URL") or Settings().require_database_url(), "bench", "make bench"
+    )
+    client = httpx.Client(
+        base_url=f"http://127.0.0.1:{api.port}",
+        timeout=300,
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    return client, spy
 
 
 def system_round(
@@ -249,13 +258,14 @@ def write_capacity(database_url: str, n: int = 6000, batch: int = 500) -> float:
 
     from thinkbatch import jobs as service
     from thinkbatch import ledger
+    from thinkbatch.keys import LOCAL
     from thinkbatch.schemas import JobCreate
 
     settings = Settings(database_url=database_url)
     engine = sa.create_engine(database_url)
     spec = JobCreate.model_validate({"items": [{"prompt": f"p{k}"} for k in range(n)]})
     with orm.Session(engine) as session, session.begin():
-        job_id = service.create_job(session, spec, settings).id
+        job_id = service.create_job(session, LOCAL, spec, settings).id
         session.execute(
             sa.text("INSERT INTO workers (id, hostname, pid, model) VALUES ('bench', 'h', 0, 'm')")
         )

@@ -24,6 +24,8 @@ from rich.progress import TextColumn
 from rich.progress import TimeElapsedColumn
 from rich.table import Table
 
+from demo.credentials import demo_api_key
+from demo.credentials import flower_basic_auth
 from demo.prompts import DEMO_ITEMS
 from thinkbatch.local_services import LocalPostgres
 from thinkbatch.local_services import LocalRedis
@@ -104,15 +106,17 @@ def run(stack: Stack, settings: Settings, serve: bool) -> int:
     if settings.model == DEMO_MODEL:
         console.print("[dim]building the tiny demo model (once; cached)[/]")
         subprocess.run([sys.executable, "-m", "demo.model"], env=stack.env, check=True)
+    api_key = demo_api_key(stack.env.get("DATABASE_URL") or settings.require_database_url())
+    flower_auth = flower_basic_auth(settings.data_dir.absolute())
     api = stack.start_api(port=port_or_free(8000))
-    flower = stack.start_flower(port=port_or_free(5555))
+    flower = stack.start_flower(flower_auth, port=port_or_free(5555))
     with console.status("starting the worker (loading the model into vLLM)…"):
         started = time.monotonic()
         stack.start_worker("worker")
     console.print(f"worker ready in {time.monotonic() - started:.0f} s")
 
     base = f"http://127.0.0.1:{api.port}"
-    client = httpx.Client(base_url=base, timeout=60)
+    client = httpx.Client(base_url=base, timeout=60, headers={"Authorization": f"Bearer {api_key}"})
     submitted = time.monotonic()
     job = (
         client.post(
@@ -165,8 +169,10 @@ def run(stack: Stack, settings: Settings, serve: bool) -> int:
         f"{elapsed:.1f} s; tokens: {u['prompt_tokens']} prompt, {u['completion_tokens']} "
         f"completion ({u['reasoning_tokens']} reasoning)"
     )
-    console.print(f"API:    {base}   (try: curl {base}/v1/jobs/{job['id']})")
-    console.print(f"Flower: http://127.0.0.1:{flower.port}")
+    console.print(f"API:    {base}")
+    console.print(f"API key (tenant demo): {api_key}")
+    console.print(f'  try: curl -H "Authorization: Bearer {api_key}" {base}/v1/jobs/{job["id"]}')
+    console.print(f"Flower: http://127.0.0.1:{flower.port}   (basic auth {flower_auth})")
     console.print(f"logs:   {stack.log_dir}")
     if serve:
         console.print("[bold]services are up; press Ctrl-C to stop them[/]")

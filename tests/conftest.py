@@ -18,15 +18,18 @@ import redis
 import sqlalchemy as sa
 from flask import Flask
 from flask.testing import FlaskClient
+from sqlalchemy import orm
 
 from api import create_app
 from thinkbatch.db import migrate
+from thinkbatch.keys import create_key
 from thinkbatch.local_services import LocalPostgres
 from thinkbatch.local_services import LocalRedis
 from thinkbatch.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
-TABLES = "item_results, items, jobs, workers"
+TENANT = "acme"  # the tenant of the `client` fixture and of tests.helpers.seed_job
+TABLES = "item_results, items, jobs, workers, api_keys"
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,30 @@ def app(settings: Settings, db: sa.Engine) -> Iterator[Flask]:
     app.extensions["thinkbatch"].engine.dispose()
 
 
+def make_key(engine: sa.Engine, tenant: str) -> str:
+    with orm.Session(engine) as session, session.begin():
+        key, _ = create_key(session, tenant, "tests")
+    return key
+
+
+def keyed_client(app: Flask, key: str) -> FlaskClient:
+    client = app.test_client()
+    client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {key}"
+    return client
+
+
 @pytest.fixture
-def client(app: Flask) -> FlaskClient:
+def client(app: Flask, db: sa.Engine) -> FlaskClient:
+    """A client of the tests' tenant (the tests run with authentication on)."""
+    return keyed_client(app, make_key(db, TENANT))
+
+
+@pytest.fixture
+def rival(app: Flask, db: sa.Engine) -> FlaskClient:
+    """A client of another tenant, 'rival'."""
+    return keyed_client(app, make_key(db, "rival"))
+
+
+@pytest.fixture
+def anonymous(app: Flask) -> FlaskClient:
     return app.test_client()

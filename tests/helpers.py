@@ -8,17 +8,21 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import orm
 
+from tests.conftest import TENANT
 from thinkbatch import jobs as service
+from thinkbatch.keys import Caller
 from thinkbatch.schemas import JobCreate
 from thinkbatch.settings import Settings
 
 
-def seed_job(db: sa.Engine, settings: Settings, n: int = 5, **fields: Any) -> uuid.UUID:
+def seed_job(
+    db: sa.Engine, settings: Settings, n: int = 5, *, tenant: str = TENANT, **fields: Any
+) -> uuid.UUID:
     spec = JobCreate.model_validate(
         {"items": [{"custom_id": f"i{k}", "prompt": f"prompt {k}"} for k in range(n)], **fields}
     )
     with orm.Session(db) as session, session.begin():
-        return service.create_job(session, spec, settings).id
+        return service.create_job(session, Caller(tenant, None), spec, settings).id
 
 
 def check_invariants(db: sa.Engine, job_id: uuid.UUID, *, finished: bool = True) -> dict[str, int]:

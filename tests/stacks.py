@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import subprocess
 import sys
 import time
@@ -12,6 +13,8 @@ import httpx
 import sqlalchemy as sa
 
 from tests.conftest import ROOT
+from tests.conftest import TENANT
+from thinkbatch.keys import issue_key
 from thinkbatch.stack import CPU_ENGINE_DEFAULTS
 from thinkbatch.stack import Stack
 
@@ -50,9 +53,22 @@ def redis_db(url: str, db: int) -> str:
     return f"{base}/{db}"
 
 
+def api_key(database_url: str, tenant: str = TENANT) -> str:
+    """A fresh API key of `tenant` in the stack's database (the stacks run with auth on)."""
+    return issue_key(database_url, tenant, "tests")
+
+
+# Flower's credentials in test stacks (random per run; tests read them from here).
+FLOWER_AUTH = f"tests:{secrets.token_urlsafe(12)}"
+
+
 class Client:
-    def __init__(self, port: int):
-        self.http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
+    def __init__(self, port: int, key: str):
+        self.http = httpx.Client(
+            base_url=f"http://127.0.0.1:{port}",
+            timeout=60,
+            headers={"Authorization": f"Bearer {key}"},
+        )
 
     def submit(self, items: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
         response = self.http.post("/v1/jobs", json={"items": items, **fields})

@@ -114,9 +114,11 @@ def test_too_many_items(client: FlaskClient, db: sa.Engine, app) -> None:  # noq
 
 def test_body_over_the_size_limit_is_413(settings, db: sa.Engine) -> None:  # noqa: ANN001
     from api import create_app
+    from tests.conftest import keyed_client
+    from tests.conftest import make_key
 
     small = settings.model_copy(update={"max_request_bytes": 2048})
-    client = create_app(small).test_client()
+    client = keyed_client(create_app(small), make_key(db, "acme"))
     response = client.post("/v1/jobs", json={"items": [{"prompt": "x" * 5000}]})
     assert response.status_code == 413
     assert response.json["error"]["code"] == "request_entity_too_large"

@@ -17,8 +17,10 @@ from tests.conftest import Servers
 from tests.conftest import recreate_database
 from tests.helpers import check_invariants
 from tests.stacks import FAST_RECOVERY_ENV
+from tests.stacks import FLOWER_AUTH
 from tests.stacks import VLLM_ENV
 from tests.stacks import Client
+from tests.stacks import api_key
 from tests.stacks import build_demo_model
 from tests.stacks import make_stack
 from tests.stacks import redis_db
@@ -61,10 +63,10 @@ def e2e(
     stack = make_stack(tmp_path_factory.mktemp("e2e"), url, broker, **VLLM_ENV, **FAST_RECOVERY_ENV)
     try:
         api = stack.start_api()
-        flower = stack.start_flower()
+        flower = stack.start_flower(FLOWER_AUTH)
         stack.start_worker("worker")
         assert api.port is not None
-        yield Client(api.port), sa.create_engine(url), broker, flower.port
+        yield Client(api.port, api_key(url)), sa.create_engine(url), broker, flower.port
     finally:
         stack.stop_all()
 
@@ -134,7 +136,9 @@ def test_a_job_end_to_end(e2e: tuple[Client, sa.Engine, str, int | None]) -> Non
         for s in progress
     ), progress
     # And Flower, fed by the worker's events, lists the task that drove this job.
-    tasks = httpx.get(f"http://127.0.0.1:{flower_port}/api/tasks", timeout=30).json()
+    flower = f"http://127.0.0.1:{flower_port}/api/tasks"
+    assert httpx.get(flower, timeout=30).status_code == 401  # no credentials, no Flower API
+    tasks = httpx.get(flower, auth=tuple(FLOWER_AUTH.split(":", 1)), timeout=30).json()
     ours = [t for t in tasks.values() if job["id"] in (t.get("args") or "")]
     assert ours and {t["name"] for t in ours} == {"thinkbatch.run_job"}
     assert any(t["state"] == "SUCCESS" for t in ours), ours

@@ -252,11 +252,12 @@ def test_a_hung_item_times_out_and_the_rest_finish(harness: Harness) -> None:
     from sqlalchemy import orm
 
     from thinkbatch import jobs as service
+    from thinkbatch.keys import LOCAL
     from thinkbatch.schemas import JobCreate
 
     with orm.Session(harness.db) as session, session.begin():
         job_id = service.create_job(
-            session, JobCreate.model_validate({"items": spec_items}), harness.settings
+            session, LOCAL, JobCreate.model_validate({"items": spec_items}), harness.settings
         ).id
     thread, _ = harness.drive(runner, job_id)
     thread.join(30)

@@ -13,6 +13,8 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from tests.conftest import TENANT
+from tests.conftest import make_key
 from thinkbatch.settings import Settings
 from thinkbatch.stack import Proc
 from thinkbatch.stack import Stack
@@ -36,12 +38,13 @@ def api(settings: Settings, db: sa.Engine, tmp_path: Path) -> Iterator[Proc]:
         stack.stop_all()
 
 
-def stall(port: int) -> socket.socket:
-    """Headers and half a body of a valid submit, then nothing."""
+def stall(port: int, key: str) -> socket.socket:
+    """Headers and half a body of a valid, authenticated submit, then nothing."""
     body = json.dumps({"items": [{"prompt": "x" * 1000}]}).encode()
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     sock.sendall(
         b"POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {key}\r\n".encode()
         + f"Content-Length: {len(body)}\r\n\r\n".encode()
         + body[: len(body) // 2]
     )
@@ -51,9 +54,14 @@ def stall(port: int) -> socket.socket:
 def test_stalled_uploads_do_not_block_others(api: Proc, db: sa.Engine) -> None:
     assert api.port is not None
     base = f"http://127.0.0.1:{api.port}"
+    key = make_key(db, TENANT)
+    auth = {"Authorization": f"Bearer {key}"}
     for _ in range(4):  # warm: each process has its database connections (not what is measured)
-        httpx.post(f"{base}/v1/jobs", json={"items": [{"prompt": "warm"}]}, timeout=30)
-    stalled = [stall(api.port) for _ in range(10)]
+        warm = httpx.post(
+            f"{base}/v1/jobs", json={"items": [{"prompt": "warm"}]}, headers=auth, timeout=30
+        )
+        assert warm.status_code == 201, warm.text
+    stalled = [stall(api.port, key) for _ in range(10)]
     try:
         time.sleep(0.5)  # every stalled request is now inside a worker, waiting for its body
         for _ in range(3):  # new connections, as new clients would open them
@@ -62,7 +70,7 @@ def test_stalled_uploads_do_not_block_others(api: Proc, db: sa.Engine) -> None:
             assert time.monotonic() - start < 1.0
             start = time.monotonic()
             submitted = httpx.post(
-                f"{base}/v1/jobs", json={"items": [{"prompt": "hello"}]}, timeout=1.0
+                f"{base}/v1/jobs", json={"items": [{"prompt": "hello"}]}, headers=auth, timeout=1.0
             )
             assert submitted.status_code == 201, submitted.text
             assert time.monotonic() - start < 1.0

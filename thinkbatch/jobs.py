@@ -20,6 +20,8 @@ from sqlalchemy import orm
 
 from thinkbatch import ingest
 from thinkbatch import ledger
+from thinkbatch import quotas
+from thinkbatch.keys import Caller
 from thinkbatch.models import Item
 from thinkbatch.models import ItemResult
 from thinkbatch.models import ItemStatus
@@ -153,10 +155,16 @@ def _copy(session: orm.Session, rows: Iterator[tuple[object, ...]]) -> None:
             copy.write_row(row)
 
 
-def _new_job(session: orm.Session, settings: Settings) -> Job:
+def _new_job(session: orm.Session, caller: Caller, settings: Settings) -> Job:
+    # The tenant's submissions are serialized from here to the commit, so that its quotas
+    # hold under parallel submits; the cheap checks come before any item is read.
+    quotas.lock_tenant(session, caller.tenant)
+    quotas.check_submission_rate(session, caller.tenant, settings)
+    quotas.check_unfinished_items(session, caller.tenant, 1, settings)
     now = datetime.now(UTC)
     job = Job(
         id=uuid.uuid4(),
+        tenant=caller.tenant,
         status=JobStatus.queued,
         model=settings.model_name,
         params={},
@@ -170,6 +178,9 @@ def _new_job(session: orm.Session, settings: Settings) -> Job:
 
 
 def _apply_header(session: orm.Session, job: Job, header: JobHeader, settings: Settings) -> None:
+    quotas.check_unfinished_items(
+        session, job.tenant, job_items(session, job), settings, exclude=job.id
+    )
     job.params = header.params.overrides()
     job.meta = dict(header.metadata)
     job.priority = header.priority
@@ -179,20 +190,27 @@ def _apply_header(session: orm.Session, job: Job, header: JobHeader, settings: S
     session.refresh(job)  # counters come from the insert trigger
 
 
-def create_job(session: orm.Session, spec: JobCreate, settings: Settings) -> Job:
+def job_items(session: orm.Session, job: Job) -> int:
+    """Items stored for a job so far in this transaction (its count, kept by the trigger)."""
+    return int(session.scalar(sa.select(Job.total).where(Job.id == job.id)) or 0)
+
+
+def create_job(session: orm.Session, caller: Caller, spec: JobCreate, settings: Settings) -> Job:
     """Store a job given as a validated `JobCreate`, in the session's transaction."""
     _check_header(spec, settings)
-    job = _new_job(session, settings)
+    job = _new_job(session, caller, settings)
     items = _Items(job.id, settings)
     _copy(session, (items.row(i, item) for i, item in enumerate(spec.items)))
     _apply_header(session, job, spec, settings)
     return job
 
 
-def create_job_from_stream(session: orm.Session, body: BinaryIO, settings: Settings) -> Job:
+def create_job_from_stream(
+    session: orm.Session, caller: Caller, body: BinaryIO, settings: Settings
+) -> Job:
     """Store a job read from a JSON request body, validating as it streams (see ingest)."""
     try:
-        job = _new_job(session, settings)
+        job = _new_job(session, caller, settings)
         items = _Items(job.id, settings)
         fields: dict[str, object] = {}
         saw_items = False
@@ -273,17 +291,25 @@ def parse_job_id(raw: str) -> uuid.UUID:
         raise NotFound(raw) from None
 
 
-def get_job(session: orm.Session, job_id: uuid.UUID) -> Job:
-    job = session.get(Job, job_id)
+def get_job(session: orm.Session, caller: Caller, job_id: uuid.UUID) -> Job:
+    """The caller's job. Another tenant's job is as absent as one that never existed."""
+    job = session.scalar(sa.select(Job).where(Job.id == job_id, Job.tenant == caller.tenant))
     if job is None:
         raise NotFound(str(job_id))
     return job
 
 
-def list_jobs(session: orm.Session, *, after: str | None, limit: int) -> JobPage:
-    query = sa.select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
+def list_jobs(session: orm.Session, caller: Caller, *, after: str | None, limit: int) -> JobPage:
+    query = (
+        sa.select(Job)
+        .where(Job.tenant == caller.tenant)
+        .order_by(Job.created_at.desc(), Job.id.desc())
+        .limit(limit + 1)
+    )
     if after:
-        anchor = session.get(Job, parse_job_id(after))
+        anchor = session.scalar(
+            sa.select(Job).where(Job.id == parse_job_id(after), Job.tenant == caller.tenant)
+        )
         if anchor is None:
             raise InvalidRequest(f"after: no job {after!r}", param="after")
         query = query.where(
@@ -370,13 +396,14 @@ def parse_item_status(raw: str | None) -> ItemStatus | None:
 
 def items_page(
     session: orm.Session,
+    caller: Caller,
     job_id: uuid.UUID,
     *,
     status: ItemStatus | None,
     after: str | None,
     limit: int,
 ) -> ItemPage:
-    get_job(session, job_id)
+    get_job(session, caller, job_id)
     query = _items_query(job_id, status).limit(limit + 1)
     if after:
         seq = session.scalar(
@@ -395,10 +422,24 @@ def items_page(
 
 
 def iter_results(
-    engine: sa.Engine, job_id: uuid.UUID, *, status: ItemStatus | None, batch: int = 1000
+    engine: sa.Engine,
+    caller: Caller,
+    job_id: uuid.UUID,
+    *,
+    status: ItemStatus | None,
+    batch: int = 1000,
 ) -> Iterator[bytes]:
     """Every item record as one JSON line, in submission order, read through a server-side
-    cursor so memory stays flat however large the job; one snapshot per download."""
+    cursor so memory stays flat however large the job; one snapshot per download.
+    The job's ownership is checked here, before the first line (NotFound otherwise)."""
+    with orm.Session(engine) as session:
+        get_job(session, caller, job_id)
+    return _iter_results(engine, job_id, status, batch)
+
+
+def _iter_results(
+    engine: sa.Engine, job_id: uuid.UUID, status: ItemStatus | None, batch: int
+) -> Iterator[bytes]:
     with engine.connect() as conn:
         rows = conn.execute(_items_query(job_id, status).execution_options(yield_per=batch))
         buffer: list[bytes] = []
@@ -411,7 +452,8 @@ def iter_results(
             yield b"".join(buffer)
 
 
-def cancel_job(session: orm.Session, job_id: uuid.UUID) -> Job:
+def cancel_job(session: orm.Session, caller: Caller, job_id: uuid.UUID) -> Job:
+    get_job(session, caller, job_id)
     outcome = ledger.cancel_job(session.connection(), job_id)
     if outcome is None:
         raise NotFound(str(job_id))
@@ -420,6 +462,6 @@ def cancel_job(session: orm.Session, job_id: uuid.UUID) -> Job:
     if not changed and status != JobStatus.cancelling:
         raise Conflict(f"job {job_id} is already {status}; only queued or running jobs cancel")
     session.commit()
-    job = get_job(session, job_id)
+    job = get_job(session, caller, job_id)
     session.refresh(job)
     return job

@@ -69,6 +69,10 @@ TERMINAL_ITEM_STATUSES = (
 )
 
 
+# The tenant of jobs made with authentication off (and of every job made before tenants).
+DEFAULT_TENANT = "default"
+
+
 def _status_enum(enum_cls: type[enum.Enum], name: str) -> sa.Enum:
     # A CHECK constraint instead of a native ENUM type: adding a status is then a plain
     # constraint swap in a migration, not an ALTER TYPE.
@@ -94,6 +98,10 @@ class Job(Base):
     id: orm.Mapped[uuid.UUID] = orm.mapped_column(primary_key=True, default=uuid.uuid4)
     status: orm.Mapped[JobStatus] = orm.mapped_column(
         _status_enum(JobStatus, "status"), default=JobStatus.queued
+    )
+    # The owner: every read and write of a job is scoped by it (thinkbatch/jobs.py).
+    tenant: orm.Mapped[str] = orm.mapped_column(
+        sa.String(64), default=DEFAULT_TENANT, server_default=DEFAULT_TENANT
     )
     model: orm.Mapped[str] = orm.mapped_column(sa.String(256))
     params: orm.Mapped[dict[str, Any]] = orm.mapped_column(default=dict)
@@ -126,8 +134,9 @@ class Job(Base):
     )
 
     __table_args__ = (
-        # Newest-first listing and the sweeper's scan of live jobs.
+        # Newest-first listing (a tenant's own) and the sweeper's scan of live jobs.
         sa.Index("ix_jobs_created_at_id", "created_at", "id"),
+        sa.Index("ix_jobs_tenant_created_at_id", "tenant", "created_at", "id"),
         sa.Index(
             "ix_jobs_active",
             "status",
@@ -211,3 +220,20 @@ class Worker(Base):
     started_at: orm.Mapped[datetime] = orm.mapped_column(server_default=sa.func.now())
     heartbeat_at: orm.Mapped[datetime] = orm.mapped_column(server_default=sa.func.now())
     stopped_at: orm.Mapped[datetime | None]
+
+
+class ApiKey(Base):
+    """An API key of a tenant. Only a hash of the key is stored; its prefix identifies it in
+    listings and logs without revealing it."""
+
+    __tablename__ = "api_keys"
+
+    id: orm.Mapped[uuid.UUID] = orm.mapped_column(primary_key=True, default=uuid.uuid4)
+    tenant: orm.Mapped[str] = orm.mapped_column(sa.String(64))
+    name: orm.Mapped[str] = orm.mapped_column(sa.String(128), default="")
+    prefix: orm.Mapped[str] = orm.mapped_column(sa.String(16), unique=True)
+    # SHA-256 of the whole key. Keys are 256-bit random secrets, so a fast hash is enough:
+    # a slow password hash guards low-entropy secrets, which these are not.
+    key_hash: orm.Mapped[bytes] = orm.mapped_column(sa.LargeBinary(32))
+    created_at: orm.Mapped[datetime] = orm.mapped_column(default=_utcnow)
+    revoked_at: orm.Mapped[datetime | None]

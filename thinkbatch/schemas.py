@@ -152,7 +152,13 @@ class ApiError(BaseModel):
 
     class Body(BaseModel):
         type: Literal[
-            "invalid_request_error", "not_found", "conflict", "unavailable", "server_error"
+            "invalid_request_error",
+            "authentication_error",
+            "rate_limit_error",
+            "not_found",
+            "conflict",
+            "unavailable",
+            "server_error",
         ]
         code: str
         message: str

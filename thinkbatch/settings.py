@@ -105,6 +105,25 @@ class Settings(BaseSettings):
         "size, in a temporary file beyond.",
     )
 
+    # --- security and quotas ---------------------------------------------------------------
+    auth_required: bool = Field(
+        True,
+        description="Require an API key (`Authorization: Bearer <key>`) on every route but "
+        "/healthz, /readyz and /metrics. Turn off only for local single-user use: every caller "
+        "is then the tenant 'default'.",
+    )
+    auth_failures_per_minute: int = Field(
+        20, ge=1, description="Failed authentications per client address per minute before 429."
+    )
+    tenant_max_unfinished_items: int = Field(
+        1_000_000,
+        ge=1,
+        description="Most pending and running items one tenant may have across its jobs (429).",
+    )
+    tenant_jobs_per_minute: int = Field(
+        60, ge=1, description="Most jobs one tenant may submit in any 60 seconds (429)."
+    )
+
     # --- timeouts (they nest; see check_timeouts) -------------------------------------------
     item_deadline_s: float = Field(
         1800, gt=0, description="Longest an item may stay in the engine before it is aborted."

@@ -150,7 +150,11 @@ class Stack:
             time.sleep(0.2)
         raise TimeoutError(f"{proc.name} not ready after {timeout}s:\n{proc.log_text()[-3000:]}")
 
-    def start_flower(self, port: int | None = None) -> Proc:
+    def start_flower(self, basic_auth: str, port: int | None = None) -> Proc:
+        """Flower on loopback, behind basic auth (`user:password`): its HTTP API can revoke
+        tasks and shut workers down, so no process on the machine gets it for free."""
+        if ":" not in basic_auth or not basic_auth.split(":", 1)[1]:
+            raise ValueError("Flower needs basic auth as user:password, with a password")
         port = port or free_port()
         proc = self._spawn(
             "flower",
@@ -159,8 +163,8 @@ class Stack:
                 f"--port={port}", "--address=127.0.0.1",
             ],
             # Flower imports the Celery app but must not load the engine: it never sends
-            # worker_init. Its HTTP API stays local to this machine.
-            {"FLOWER_UNAUTHENTICATED_API": "true"},
+            # worker_init. Credentials go by environment, not argv (visible to `ps`).
+            {"FLOWER_BASIC_AUTH": basic_auth},
         )  # fmt: skip
         proc.port = port
         wait_for_port(port, timeout=60)

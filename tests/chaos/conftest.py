@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 from tests.stacks import FAST_RECOVERY_ENV
 from tests.stacks import Client
+from tests.stacks import api_key
 from tests.stacks import build_demo_model
 from tests.stacks import make_stack
 from thinkbatch.db import migrate
@@ -65,7 +66,7 @@ def chaos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chaos]:
     assert api.port is not None
     db = sa.create_engine(url, pool_pre_ping=True)
     try:
-        yield Chaos(pg, redis_server, url, db, stack, Client(api.port), root)
+        yield Chaos(pg, redis_server, url, db, stack, Client(api.port, api_key(url)), root)
     finally:
         stack.stop_all()
         db.dispose()

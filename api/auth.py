@@ -1,0 +1,143 @@
+"""Who is calling: every request but the few marked `public` needs `Authorization: Bearer <key>`
+(what the openai SDK sends). The caller's tenant is then in `caller()`, and the job service scopes
+every query by it.
+
+Deny by default: a route added later is protected unless it is marked public, and a test walks
+the app's URL map to hold that.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import redis
+from flask import Flask
+from flask import current_app
+from flask import g
+from flask import request
+
+from thinkbatch.keys import LOCAL
+from thinkbatch.keys import Caller
+from thinkbatch.keys import verify_key
+
+log = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., object])
+# Longer than any key we issue (46 characters) by a wide margin; a longer header is refused
+# before it is hashed or looked up.
+MAX_KEY_CHARS = 256
+FAILURE_WINDOW_S = 60
+
+
+class Unauthorized(Exception):
+    def __init__(self, message: str, code: str = "invalid_api_key"):
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+class TooManyFailures(Exception):
+    def __init__(self, retry_after: int):
+        super().__init__(f"too many failed authentication attempts; retry in {retry_after} s")
+        self.retry_after = retry_after
+
+
+def public(view: F) -> F:
+    """Mark a view as open to anonymous callers (probes and metrics only)."""
+    view._thinkbatch_public = True  # type: ignore[attr-defined]
+    return view
+
+
+def is_public(app: Flask, endpoint: str | None) -> bool:
+    view = app.view_functions.get(endpoint or "")
+    return bool(getattr(view, "_thinkbatch_public", False))
+
+
+def caller() -> Caller:
+    """The authenticated caller of this request (set before any view runs)."""
+    return g.thinkbatch_caller  # type: ignore[no-any-return]
+
+
+class FailureLimiter:
+    """Failed authentications per client address and minute, counted in Redis so that every
+    API process shares them. A key is 256 random bits, so this is not what keeps keys safe; it
+    keeps a client from using the API as a fast oracle and shows up as a clear 429."""
+
+    def __init__(self, client: redis.Redis, limit: int):
+        self.client = client
+        self.limit = limit
+
+    def _key(self, address: str) -> tuple[str, int]:
+        window = int(time.time() // FAILURE_WINDOW_S)
+        retry = FAILURE_WINDOW_S - int(time.time() % FAILURE_WINDOW_S)
+        return f"thinkbatch:auth-failures:{address}:{window}", max(1, retry)
+
+    def check(self, address: str) -> None:
+        key, retry = self._key(address)
+        try:
+            count = int(self.client.get(key) or 0)
+        except redis.RedisError:
+            log.warning("auth failure counter unavailable (Redis); not limiting")
+            return
+        if count >= self.limit:
+            raise TooManyFailures(retry)
+
+    def failed(self, address: str) -> None:
+        key, _ = self._key(address)
+        try:
+            with self.client.pipeline() as pipe:
+                pipe.incr(key)
+                pipe.expire(key, FAILURE_WINDOW_S * 2)
+                pipe.execute()
+        except redis.RedisError:
+            log.warning("auth failure counter unavailable (Redis); not counting")
+
+
+def _bearer() -> str:
+    header = request.headers.get("Authorization")
+    if header is None:
+        raise Unauthorized(
+            "no API key: send it as 'Authorization: Bearer <key>'", code="missing_api_key"
+        )
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise Unauthorized("the Authorization header must be 'Bearer <key>'")
+    key = key.strip()
+    if len(key) > MAX_KEY_CHARS:
+        raise Unauthorized("invalid API key")
+    return key
+
+
+def init_app(app: Flask) -> None:
+    from api import services
+
+    @app.before_request
+    def authenticate() -> None:
+        svc = services()
+        if is_public(current_app, request.endpoint):
+            return
+        if not svc.settings.auth_required:
+            g.thinkbatch_caller = LOCAL
+            return
+        address = request.remote_addr or "unknown"
+        limiter: FailureLimiter = app.extensions["thinkbatch_auth"]
+        limiter.check(address)
+        try:
+            key = _bearer()
+            with svc.sessions() as session:
+                found = verify_key(session, key)
+            if found is None:
+                raise Unauthorized("invalid API key")
+        except Unauthorized:
+            limiter.failed(address)
+            raise
+        g.thinkbatch_caller = found
+
+    settings = app.extensions["thinkbatch"].settings
+    client = redis.Redis.from_url(
+        settings.require_redis_url(), socket_timeout=1, socket_connect_timeout=1
+    )
+    app.extensions["thinkbatch_auth"] = FailureLimiter(client, settings.auth_failures_per_minute)

@@ -1,0 +1,69 @@
+"""API keys: only a hash is stored, verification is exact, revocation is immediate."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from click.testing import CliRunner
+from sqlalchemy import orm
+
+from thinkbatch.keys import cli
+from thinkbatch.keys import create_key
+from thinkbatch.keys import list_keys
+from thinkbatch.keys import revoke_key
+from thinkbatch.keys import verify_key
+from thinkbatch.models import ApiKey
+from thinkbatch.settings import Settings
+
+
+def test_a_created_key_verifies_and_only_its_hash_is_stored(db: sa.Engine) -> None:
+    with orm.Session(db) as session, session.begin():
+        key, info = create_key(session, "acme", "ci")
+    assert key.startswith(f"tb_{info.prefix}_")
+    with orm.Session(db) as session:
+        caller = verify_key(session, key)
+        row = session.scalars(sa.select(ApiKey)).one()
+    assert caller is not None and caller.tenant == "acme" and caller.key_prefix == info.prefix
+    assert key.encode() not in row.key_hash and key.split("_")[2] not in repr(row.__dict__)
+
+
+def test_wrong_malformed_and_revoked_keys_are_refused(db: sa.Engine) -> None:
+    with orm.Session(db) as session, session.begin():
+        key, info = create_key(session, "acme")
+    prefix, secret = info.prefix, key.split("_", 2)[2]
+    wrong_secret = f"tb_{prefix}_{'A' * len(secret)}"
+    unknown_prefix = f"tb_00000000_{secret}"
+    with orm.Session(db) as session:
+        for bad in (wrong_secret, unknown_prefix, key + "x", key[:-1], "", "Bearer " + key):
+            assert verify_key(session, bad) is None, bad
+        assert verify_key(session, key) is not None
+    with orm.Session(db) as session, session.begin():
+        assert revoke_key(session, prefix) is not None
+    with orm.Session(db) as session:
+        assert verify_key(session, key) is None
+        assert list_keys(session) == []
+        assert [k.prefix for k in list_keys(session, include_revoked=True)] == [prefix]
+
+
+def test_tenant_names_are_checked() -> None:
+    import pytest
+
+    with orm.Session() as session:
+        for bad in ("", "a b", "-x", "x" * 65, "ten\x00ant"):
+            with pytest.raises(ValueError):
+                create_key(session, bad)
+
+
+def test_admin_command_creates_lists_and_revokes(settings: Settings, db: sa.Engine) -> None:
+    runner = CliRunner()
+    env = {"DATABASE_URL": settings.require_database_url()}
+    created = runner.invoke(cli, ["create", "--tenant", "acme", "--name", "ci"], env=env)
+    assert created.exit_code == 0, created.output
+    key = created.stdout.strip()
+    prefix = key.split("_")[1]
+    listed = runner.invoke(cli, ["list"], env=env)
+    assert listed.exit_code == 0 and prefix in listed.stdout and key not in listed.stdout
+    revoked = runner.invoke(cli, ["revoke", prefix], env=env)
+    assert revoked.exit_code == 0, revoked.output
+    assert runner.invoke(cli, ["revoke", "ffffffff"], env=env).exit_code != 0
+    with orm.Session(db) as session:
+        assert verify_key(session, key) is None

@@ -1,0 +1,183 @@
+"""API keys: create, verify, list and revoke; and the admin command around them.
+
+A key reads `tb_<prefix>_<secret>`. The prefix (8 hex characters) is stored in clear to find the
+key and to name it in listings; of the whole key only a SHA-256 hash is stored. Verification
+reads the key's row on every request, so a revocation takes effect on the next request.
+
+    python -m thinkbatch.keys create --tenant acme [--name ci]
+    python -m thinkbatch.keys list [--tenant acme] [--all]
+    python -m thinkbatch.keys revoke <prefix>
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import UTC
+from datetime import datetime
+
+import click
+import sqlalchemy as sa
+from sqlalchemy import orm
+
+from thinkbatch.models import DEFAULT_TENANT
+from thinkbatch.models import ApiKey
+
+_KEY = re.compile(r"tb_([0-9a-f]{8})_([A-Za-z0-9_-]{43})")
+TENANT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# Compared against when no key has the given prefix, so that an unknown prefix takes as long
+# to refuse as a known one with a wrong secret.
+_NO_KEY = hashlib.sha256(b"no such key").digest()
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling: the tenant every query of the request is scoped to."""
+
+    tenant: str
+    key_prefix: str | None  # None with authentication off
+
+
+# The caller with authentication off, and of in-process callers (bench, tests' helpers).
+LOCAL = Caller(tenant=DEFAULT_TENANT, key_prefix=None)
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    prefix: str
+    tenant: str
+    name: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+def _hash(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+def _info(row: ApiKey) -> KeyInfo:
+    return KeyInfo(row.prefix, row.tenant, row.name, row.created_at, row.revoked_at)
+
+
+def create_key(session: orm.Session, tenant: str, name: str = "") -> tuple[str, KeyInfo]:
+    """A new key for `tenant`: (the key, shown once and never stored, and its row's info)."""
+    if not TENANT_PATTERN.fullmatch(tenant):
+        raise ValueError(
+            "tenant: 1 to 64 characters of letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit"
+        )
+    while True:
+        prefix = secrets.token_hex(4)
+        if session.scalar(sa.select(ApiKey.id).where(ApiKey.prefix == prefix)) is None:
+            break
+    key = f"tb_{prefix}_{secrets.token_urlsafe(32)}"
+    row = ApiKey(tenant=tenant, name=name[:128], prefix=prefix, key_hash=_hash(key))
+    session.add(row)
+    session.flush()
+    return key, _info(row)
+
+
+def verify_key(session: orm.Session, key: str) -> Caller | None:
+    """The caller a presented key stands for, or None for a malformed, unknown or revoked key.
+    The comparison of hashes takes the same time whether or not the prefix exists."""
+    match = _KEY.fullmatch(key)
+    presented = _hash(key)
+    row = None
+    if match:
+        row = session.scalar(
+            sa.select(ApiKey).where(ApiKey.prefix == match.group(1), ApiKey.revoked_at.is_(None))
+        )
+    stored = row.key_hash if row is not None else _NO_KEY
+    if not hmac.compare_digest(presented, stored) or row is None:
+        return None
+    return Caller(tenant=row.tenant, key_prefix=row.prefix)
+
+
+def list_keys(
+    session: orm.Session, tenant: str | None = None, *, include_revoked: bool = False
+) -> list[KeyInfo]:
+    query = sa.select(ApiKey).order_by(ApiKey.tenant, ApiKey.created_at)
+    if tenant is not None:
+        query = query.where(ApiKey.tenant == tenant)
+    if not include_revoked:
+        query = query.where(ApiKey.revoked_at.is_(None))
+    return [_info(row) for row in session.scalars(query)]
+
+
+def revoke_key(session: orm.Session, prefix: str) -> KeyInfo | None:
+    row = session.scalar(sa.select(ApiKey).where(ApiKey.prefix == prefix).with_for_update())
+    if row is None:
+        return None
+    if row.revoked_at is None:
+        row.revoked_at = datetime.now(UTC)
+    return _info(row)
+
+
+def issue_key(database_url: str, tenant: str, name: str = "") -> str:
+    """Create a key in the database at `database_url` (for launchers, benchmarks and tests)."""
+    engine = sa.create_engine(database_url)
+    try:
+        with orm.Session(engine) as session, session.begin():
+            key, _ = create_key(session, tenant, name)
+    finally:
+        engine.dispose()
+    return key
+
+
+# --- the admin command (click: a Celery and Flask dependency already, so nothing new) --------
+
+
+def _sessions() -> orm.sessionmaker[orm.Session]:
+    from thinkbatch.db import make_engine
+    from thinkbatch.db import make_sessionmaker
+    from thinkbatch.settings import Settings
+
+    return make_sessionmaker(make_engine(Settings()))
+
+
+@click.group(help="Manage API keys (DATABASE_URL names the database).")
+def cli() -> None:
+    pass
+
+
+@cli.command(help="Create a key for TENANT and print it (it is shown only this once).")
+@click.option("--tenant", required=True)
+@click.option("--name", default="", help="What the key is for.")
+def create(tenant: str, name: str) -> None:
+    with _sessions().begin() as session:
+        try:
+            key, info = create_key(session, tenant, name)
+        except ValueError as error:
+            raise click.BadParameter(str(error), param_hint="--tenant") from None
+    click.echo(key)
+    click.echo(f"prefix {info.prefix}, tenant {info.tenant}", err=True)
+
+
+@cli.command(name="list", help="List keys by prefix (never the keys themselves).")
+@click.option("--tenant", default=None)
+@click.option("--all", "include_revoked", is_flag=True, help="Include revoked keys.")
+def list_command(tenant: str | None, include_revoked: bool) -> None:
+    with _sessions()() as session:
+        for info in list_keys(session, tenant, include_revoked=include_revoked):
+            revoked = f"  revoked {info.revoked_at:%Y-%m-%d %H:%M}" if info.revoked_at else ""
+            click.echo(
+                f"{info.prefix}  {info.tenant:<20} {info.created_at:%Y-%m-%d %H:%M}  "
+                f"{info.name}{revoked}"
+            )
+
+
+@cli.command(help="Revoke the key with PREFIX; it stops working on the next request.")
+@click.argument("prefix")
+def revoke(prefix: str) -> None:
+    with _sessions().begin() as session:
+        info = revoke_key(session, prefix)
+    if info is None:
+        raise click.ClickException(f"no key with prefix {prefix!r}")
+    click.echo(f"revoked {info.prefix} ({info.tenant})")
+
+
+if __name__ == "__main__":
+    cli()
