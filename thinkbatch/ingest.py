@@ -271,10 +271,10 @@ def read_body(stream: BinaryIO, *, max_depth: int) -> Iterator[tuple[str, Any]]:
                     continue
                 if stack[-1].kind == _TOP and stack[-1].key == "items":
                     continue  # the items frame yielded its elements one by one
-            elif isinstance(value, str):
-                _check_text(value, stack)
             elif not stack:
                 raise BodyError("request body: Input should be an object", code="invalid_type")
+            elif isinstance(value, str):
+                _check_text(value, stack)
             parent = stack[-1]
             if parent.kind == _TOP:
                 if parent.key == "items":
