@@ -20,7 +20,7 @@ def job(**overrides: Any) -> dict[str, Any]:
 
 CASES: list[tuple[str, bytes | dict[str, Any], str | None, str]] = [
     ("not json", b"{items: [", None, "not valid JSON"),
-    ("empty body", b"", None, "not valid JSON"),
+    ("empty body", b"", None, "request body is empty"),
     ("json but not an object", b"[1, 2]", None, "should be an object"),
     ("missing items", {"params": {}}, "items", "Field required"),
     ("empty items", {"items": []}, "items", "at least 1 item"),
@@ -56,8 +56,18 @@ CASES: list[tuple[str, bytes | dict[str, Any], str | None, str]] = [
         "items[2].custom_id",
         "duplicate custom_id 'a'",
     ),
-    ("max_tokens zero", job(params={"max_tokens": 0}), "params.max_tokens", "greater than 0"),
-    ("max_tokens negative", job(params={"max_tokens": -5}), "params.max_tokens", "greater than 0"),
+    (
+        "max_tokens zero",
+        job(params={"max_tokens": 0}),
+        "params.max_tokens",
+        "greater than or equal to 1",
+    ),
+    (
+        "max_tokens negative",
+        job(params={"max_tokens": -5}),
+        "params.max_tokens",
+        "greater than or equal to 1",
+    ),
     (
         "max_tokens above the cap",
         {"items": [{**GOOD_ITEM, "params": {"max_tokens": 10**7}}]},

@@ -5,23 +5,34 @@ costs hundreds of MB per request).
 Validation is the same as `JobCreate`'s: the header fields use `JobHeader`, each item `ItemIn`;
 errors name the field (`items[3].messages[0].role`). The caller runs all of it inside one
 transaction, so a bad item anywhere stores nothing.
+
+Hostile bodies are refused here, in bounded time and memory, before anything is built:
+
+- nesting deeper than `max_depth` (counted on the parser's events: ijson's `parse` keeps a
+  prefix string per level, whose memory grows with the square of the depth, so only
+  `basic_parse` is used and the path is tracked here);
+- duplicate keys at any level, NUL in any string (PostgreSQL text and jsonb cannot hold it);
+- bytes that are not strict UTF-8 (CESU-8, encoded surrogates) and `\\uD800`-style escapes
+  that are not a proper surrogate pair: yajl would store a lone high surrogate as `?` and fail
+  on the rest, so the raw bytes are checked before the parser sees them (`_Guard`);
+- anything after the top-level object.
+
+Invalid JSON gets one line with the byte offset and never an echo of the body.
 """
 
 from __future__ import annotations
 
+import codecs
+import re
 from collections.abc import Iterator
 from typing import Any
 from typing import BinaryIO
 
 import ijson
-from ijson.common import ObjectBuilder
 from pydantic import ValidationError
 
 from thinkbatch.schemas import ItemIn
 from thinkbatch.schemas import JobHeader
-
-_OPEN = ("start_map", "start_array")
-_CLOSE = ("end_map", "end_array")
 
 
 class BodyError(Exception):
@@ -32,77 +43,306 @@ class BodyError(Exception):
         self.message, self.param, self.code = message, param, code
 
 
-def _build(first: tuple[str, Any], events: Iterator[tuple[str, str, Any]]) -> Any:
-    event, value = first
-    if event not in _OPEN:
-        return value
-    builder = ObjectBuilder()
-    builder.event(event, value)
-    depth = 1
-    for _, event, value in events:
-        builder.event(event, value)
-        if event in _OPEN:
-            depth += 1
-        elif event in _CLOSE:
-            depth -= 1
-            if depth == 0:
-                break
-    return builder.value
+# --- bytes ------------------------------------------------------------------------------------
+
+# Everything that cannot start a UTF-16 surrogate escape, consumed in C: runs of other bytes,
+# a backslash escape of anything but `u`, and `\u` escapes whose first hex digits are not D8-DF
+# (two characters of lookahead are needed to tell, hence the `(?=..)`).
+_SKIP = re.compile(rb"(?:[^\\]++|\\[^u]|\\u(?=[\s\S]{2})(?![dD][89a-fA-F]))*+")
+_PAIR = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_PAIR_LEN = 12
 
 
-class _Reader:
-    """ijson probes its input with read(0); werkzeug's request stream takes a zero-byte read for
-    a client that went away. Answer that probe here."""
+class _Guard:
+    """The request stream as the parser reads it: strict UTF-8, no lone surrogate escapes, and
+    the position of every chunk so that a parse error can name its byte offset.
+
+    An escape cut by a chunk boundary is held back until the bytes that decide it arrive, so
+    the parser never sees bytes that were not checked.
+
+    ijson probes its input with read(0); werkzeug's request stream takes a zero-byte read for a
+    client that went away. Answer that probe here."""
 
     def __init__(self, stream: BinaryIO):
         self.stream = stream
+        self.decoder = codecs.getincrementaldecoder("utf-8")("strict")
+        self.offset = 0  # bytes read from the stream
+        self.given = 0  # bytes handed to the parser
+        self.held = b""  # the start of an escape cut by a chunk boundary, not yet handed on
+        self.chunk = b""  # the last chunk handed to the parser
+        self.chunk_start = 0
+        self.eof = False
 
     def read(self, size: int = -1) -> bytes:
-        return b"" if size == 0 else self.stream.read(size)
+        if size == 0:
+            return b""
+        while True:
+            raw = self.stream.read(size)
+            self._check_utf8(raw)
+            self.offset += len(raw)
+            data, self.held = self.held + raw, b""
+            safe = self._check_escapes(data, final=not raw)
+            self.held = data[safe:]
+            if safe or not raw:
+                break
+        chunk = data[:safe]
+        self.chunk, self.chunk_start = chunk, self.given
+        self.given += len(chunk)
+        self.eof = not chunk
+        return chunk
 
+    def _check_utf8(self, raw: bytes) -> None:
+        pending = len(self.decoder.getstate()[0])  # the start of a character cut by the chunk
+        try:
+            self.decoder.decode(raw, final=not raw)
+        except UnicodeDecodeError as error:
+            at = self.offset - pending + error.start + 1
+            raise BodyError(
+                f"request body: invalid UTF-8 at byte {at}", code="invalid_encoding"
+            ) from None
 
-def read_body(stream: BinaryIO) -> Iterator[tuple[str, Any]]:
-    """Yield ("items", None) where the `items` array starts, ("item", value) for each of its
-    elements and ("field", (key, value)) for every other top-level key, in body order."""
-    events = ijson.parse(_Reader(stream), use_float=True)
-    try:
-        _, event, _ = next(events)
-        if event != "start_map":
-            raise BodyError("request body: Input should be an object", code="invalid_type")
-        for prefix, event, value in events:
-            if prefix == "" and event == "end_map":
-                return
-            key = value  # a top-level map_key
-            _, event, value = next(events)
-            if key != "items":
-                yield "field", (key, _build((event, value), events))
+    def _check_escapes(self, data: bytes, *, final: bool) -> int:
+        """Raise at a lone surrogate escape; return how much of data is checked."""
+        base = self.given  # data starts where the parser's input stands
+        pos, end = 0, len(data)
+        while True:
+            match = _SKIP.match(data, pos)
+            assert match is not None  # the pattern matches the empty string
+            pos = match.end()
+            if pos >= end:
+                return end
+            if end - pos < _PAIR_LEN and not final:
+                return pos  # decide with more bytes
+            pair = _PAIR.match(data, pos)
+            if pair:
+                pos = pair.end()
                 continue
-            if event != "start_array":
-                raise BodyError("items: Input should be a valid array", "items", "list_type")
-            yield "items", None
-            for _, event, value in events:
-                if event == "end_array":
-                    break
-                yield "item", _build((event, value), events)
+            lone = _SURROGATE.match(data, pos)
+            if lone:
+                escape = lone.group().decode("ascii")
+                raise BodyError(
+                    f"request body: {escape} at byte {base + pos + 1} is a lone UTF-16 "
+                    "surrogate, not a character",
+                    code="invalid_encoding",
+                )
+            pos += 2  # `\u` and too few or malformed hex digits: the parser reports it
+
+    def error_offset(self, message: str | bytes) -> int | None:
+        """Where yajl stopped, from its error diagram: the line above the arrow shows the
+        current chunk around the offset, preceded by padding that puts the offset at column
+        40 (yajl_render_error_string). Returns a 1-based byte position, or None if unclear."""
+        raw = message if isinstance(message, bytes) else message.encode("utf-8", "replace")
+        lines = raw.split(b"\n")
+        if len(lines) < 2:
+            return None
+        if self.eof:
+            return self.given
+        shown, chunk = lines[1], self.chunk.replace(b"\n", b" ").replace(b"\r", b" ")
+        found = []
+        for consumed in range(min(30, len(chunk) + 1)):  # near the start: 40 - n spaces
+            end = min(consumed + 30, len(chunk))
+            if shown == b" " * (40 - consumed) + chunk[:end]:
+                found.append(consumed)
+        snippet = shown[10:]
+        at = chunk.find(snippet)
+        while at != -1 and not found:  # further in: 10 spaces and 30 bytes either side
+            consumed = at + 30
+            if consumed <= len(chunk) and at + len(snippet) == min(consumed + 30, len(chunk)):
+                found.append(consumed)
+            at = chunk.find(snippet, at + 1)
+        return self.chunk_start + found[0] if found else None
+
+
+def _json_error(error: Exception, guard: _Guard) -> BodyError:
+    message = error.args[0] if error.args else ""
+    text = message.decode("utf-8", "replace") if isinstance(message, bytes) else str(message)
+    reason = text.split("\n", 1)[0].strip()
+    for prefix in ("parse error: ", "lexical error: "):
+        reason = reason.removeprefix(prefix)
+    reason = reason.rstrip(".") or "malformed"
+    if guard.eof or reason == "premature EOF":
+        if guard.given == 0:
+            return BodyError("request body is empty; send a JSON object", code="invalid_json")
+        return BodyError(
+            f"request body is not valid JSON: it ends at byte {guard.given} before the JSON "
+            "value is complete",
+            code="invalid_json",
+        )
+    at = guard.error_offset(message)
+    where = (
+        f"at byte {at}"
+        if at is not None
+        else (f"between bytes {guard.chunk_start + 1} and {guard.given}")
+    )
+    return BodyError(f"request body is not valid JSON: {reason} ({where})", code="invalid_json")
+
+
+# --- events -----------------------------------------------------------------------------------
+
+_TOP, _ITEMS, _MAP, _ARRAY = range(4)
+_MAX_SHOWN_KEY = 64
+
+
+class _Frame:
+    __slots__ = ("kind", "value", "key", "keys", "index")
+
+    def __init__(self, kind: int, value: Any = None):
+        self.kind = kind
+        self.value = value  # the dict or list being built (None for the top level and items)
+        self.key: str | None = None
+        self.keys: set[str] = set()
+        self.index = 0  # elements completed, in an array
+
+
+def _path(stack: list[_Frame], child: bool = True) -> str:
+    """The field at the parser's position: with child=True the element or key being read."""
+    path = ""
+    frames = stack if child else stack[:-1]
+    for frame in frames:
+        if frame.kind in (_ITEMS, _ARRAY):
+            path += f"[{frame.index}]"
+        elif frame.key is not None:
+            key = frame.key if len(frame.key) <= _MAX_SHOWN_KEY else frame.key[:_MAX_SHOWN_KEY]
+            path += f".{key}" if path else key
+    return path
+
+
+def _check_text(value: str, stack: list[_Frame], what: str = "") -> None:
+    if "\x00" in value:
+        path = _path(stack)
+        raise BodyError(
+            f"{path or 'request body'}: {what}must not contain NUL (\\u0000)", path or None
+        )
+
+
+def read_body(stream: BinaryIO, *, max_depth: int) -> Iterator[tuple[str, Any]]:
+    """Yield ("items", None) where the `items` array starts, ("item", value) for each of its
+    elements and ("field", (key, value)) for every other top-level key, in body order.
+
+    Objects and arrays may nest `max_depth` levels (the body's own object is level 1)."""
+    guard = _Guard(stream)
+    stack: list[_Frame] = []
+    done = False
+    try:
+        for event, value in ijson.basic_parse(guard, use_float=True):
+            if event == "map_key":
+                frame = stack[-1]
+                frame.key = None  # the path of a bad key is its map's
+                _check_text(value, stack, "a key ")
+                if value in frame.keys:
+                    frame.key = value
+                    path = _path(stack)
+                    raise BodyError(f"{path}: duplicate key", path, "duplicate_key")
+                frame.keys.add(value)
+                frame.key = value
+                continue
+            if event == "start_map" or event == "start_array":
+                if len(stack) >= max_depth:
+                    path = _path(stack) or None
+                    raise BodyError(
+                        f"{path or 'request body'}: nested deeper than {max_depth} levels "
+                        "of objects and arrays",
+                        path,
+                        "too_deep",
+                    )
+                if not stack:
+                    if event != "start_map":
+                        raise BodyError(
+                            "request body: Input should be an object", code="invalid_type"
+                        )
+                    stack.append(_Frame(_TOP))
+                elif stack[-1].kind == _TOP and stack[-1].key == "items":
+                    if event != "start_array":
+                        raise BodyError(
+                            "items: Input should be a valid array", "items", "list_type"
+                        )
+                    stack.append(_Frame(_ITEMS))
+                    yield "items", None
+                elif event == "start_map":
+                    stack.append(_Frame(_MAP, {}))
+                else:
+                    stack.append(_Frame(_ARRAY, []))
+                continue
+            if event == "end_map" or event == "end_array":
+                value = stack.pop().value
+                if not stack:
+                    done = True  # read on: anything after the object is an error of yajl's
+                    continue
+                if stack[-1].kind == _TOP and stack[-1].key == "items":
+                    continue  # the items frame yielded its elements one by one
+            elif not stack:
+                raise BodyError("request body: Input should be an object", code="invalid_type")
+            elif isinstance(value, str):
+                _check_text(value, stack)
+            parent = stack[-1]
+            if parent.kind == _TOP:
+                if parent.key == "items":
+                    raise BodyError("items: Input should be a valid array", "items", "list_type")
+                yield "field", (parent.key, value)
+            elif parent.kind == _ITEMS:
+                yield "item", value
+                parent.index += 1
+            elif parent.kind == _MAP:
+                parent.value[parent.key] = value
+            else:
+                parent.value.append(value)
+                parent.index += 1
     except ijson.JSONError as error:
-        raise BodyError(f"request body is not valid JSON: {error}", code="invalid_json") from None
-    except StopIteration:
-        raise BodyError("request body is not valid JSON: empty", code="invalid_json") from None
+        reason = str(error.args[0] if error.args else "")
+        if "overflow" in reason and stack:  # a number yajl cannot hold, at the current field
+            path = _path(stack)
+            kind = "integer" if "integer" in reason else "number"
+            raise BodyError(f"{path}: {kind} out of range", path, f"{kind}_out_of_range") from None
+        raise _json_error(error, guard) from None
+    if not done:
+        raise _json_error(ijson.IncompleteJSONError("premature EOF"), guard)
 
 
 def validation_error(error: ValidationError, prefix: str = "") -> BodyError:
-    """The first pydantic error as a message that names its field."""
-    first = error.errors(include_url=False)[0]
+    """The most telling pydantic error as a message that names its field."""
+    errors = error.errors(include_url=False)
+    first = _pick(errors)
     path = prefix
     for part in first["loc"]:
         if isinstance(part, int):
             path += f"[{part}]"
-        elif part not in ("str", "list[str]"):  # union branch names say nothing to a user
+        elif not _is_branch(part):  # union branch names say nothing to a user
+            if len(part) > _MAX_SHOWN_KEY:
+                part = part[:_MAX_SHOWN_KEY]
             path += f".{part}" if path else str(part)
     message = first["msg"]
     if message.startswith("Value error, "):
         message = message[len("Value error, ") :]
     return BodyError(f"{path}: {message}" if path else message, path or None, first["type"])
+
+
+def _is_branch(part: str) -> bool:
+    return part in ("str", "list[str]", "[key]") or "function-after[" in part
+
+
+def _pick(errors: list[Any]) -> Any:
+    """For a union (`stop: str | list[str]`) pydantic reports every branch; the branch whose
+    type the input has tells the user what is wrong (`stop[0]: must be non-empty`, not
+    `stop: Input should be a valid string`)."""
+    first = errors[0]
+    loc = first["loc"]
+    branch = next(
+        (i for i, part in enumerate(loc) if isinstance(part, str) and _is_branch(part)), None
+    )
+    if branch is None:
+        return first
+    field = loc[:branch]
+    for candidate in errors:
+        cloc = candidate["loc"]
+        same_field = cloc[:branch] == field and len(cloc) > branch
+        wrong_branch = len(cloc) == branch + 1 and candidate["type"] in (
+            "string_type",
+            "list_type",
+        )
+        if same_field and not wrong_branch:
+            return candidate
+    return first
 
 
 def parse_item(index: int, raw: Any) -> ItemIn:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import uuid
 from collections.abc import Iterator
 from datetime import UTC
@@ -22,6 +23,7 @@ from thinkbatch import ingest
 from thinkbatch import ledger
 from thinkbatch import quotas
 from thinkbatch.keys import Caller
+from thinkbatch.limits import range_text
 from thinkbatch.models import Item
 from thinkbatch.models import ItemResult
 from thinkbatch.models import ItemStatus
@@ -126,6 +128,7 @@ class _Items:
                     param=param,
                     code="duplicate_custom_id",
                 )
+        self._check_size(index, item)
         self.count += 1
         # Serialized by pydantic's Rust core: json.dumps over model_dump() cost 4x as much.
         messages = (
@@ -141,6 +144,23 @@ class _Items:
             json.dumps(params) if params else None,
             ItemStatus.pending.value,
         )
+
+    def _check_size(self, index: int, item: ItemIn) -> None:
+        # Bounded here, at submit: a 5 MB prompt would cost the worker seconds of tokenizing
+        # before it could fail as too long for the model.
+        cap = self.settings.max_prompt_chars
+        if item.prompt is not None:
+            size, param = len(item.prompt), f"items[{index}].prompt"
+        else:
+            size = sum(len(m.content) for m in item.messages or ())
+            param = f"items[{index}].messages"
+        if size > cap:
+            what = "characters" if item.prompt is not None else "characters of content in all"
+            raise InvalidRequest(
+                f"{param}: {size} {what} is more than the limit of {cap} (MAX_PROMPT_CHARS)",
+                param=param,
+                code="prompt_too_large",
+            )
 
 
 _MESSAGES = TypeAdapter(list[Message])
@@ -217,7 +237,7 @@ def create_job_from_stream(
 
         def rows() -> Iterator[tuple[object, ...]]:
             nonlocal saw_items
-            for kind, value in ingest.read_body(body):
+            for kind, value in ingest.read_body(body, max_depth=settings.max_json_depth):
                 if kind == "field":
                     key, raw = value
                     fields[key] = raw
@@ -238,10 +258,42 @@ def create_job_from_stream(
             )
         header = ingest.parse_header(fields)
     except ingest.BodyError as error:
-        raise InvalidRequest(error.message, param=error.param, code=error.code) from None
+        message = _body_message(error, settings)
+        raise InvalidRequest(message, param=error.param, code=error.code) from None
     _check_header(header, settings)
     _apply_header(session, job, header, settings)
     return job
+
+
+def _body_message(error: ingest.BodyError, settings: Settings) -> str:
+    """A number too large for the parser: say which values the field takes."""
+    if not error.code.endswith("_out_of_range") or error.param is None:
+        return error.message
+    name = error.param.rsplit(".", 1)[-1]
+    allowed = {
+        "max_tokens": f"an integer from 1 to {settings.max_tokens_cap} (MAX_TOKENS_CAP)",
+        "priority": _header_range("priority"),
+        "completion_window": f"an integer from 1 to {settings.max_completion_window_s}",
+    }.get(name)
+    if allowed is None and (text := range_text(name)) is not None:
+        allowed = text
+    if allowed is None:
+        allowed = f"within -2^63 to 2^63-1 (integers) or {sys.float_info.max:.3g} (numbers)"
+    return f"{error.message}; it must be {allowed}"
+
+
+def _header_range(name: str) -> str:
+    bounds = {
+        type(m).__name__: getattr(m, type(m).__name__.lower())
+        for m in JobHeader.model_fields[name].metadata
+    }
+    return f"an integer from {bounds['Ge']} to {bounds['Le']}"
+
+
+def check_text_param(value: str | None, param: str) -> None:
+    """A query value goes into SQL as text: PostgreSQL cannot hold NUL."""
+    if value is not None and "\x00" in value:
+        raise InvalidRequest(f"{param}: must not contain NUL (\\u0000)", param=param)
 
 
 def fanout(job: Job, settings: Settings) -> int:
@@ -300,6 +352,7 @@ def get_job(session: orm.Session, caller: Caller, job_id: uuid.UUID) -> Job:
 
 
 def list_jobs(session: orm.Session, caller: Caller, *, after: str | None, limit: int) -> JobPage:
+    check_text_param(after, "after")
     query = (
         sa.select(Job)
         .where(Job.tenant == caller.tenant)
@@ -403,6 +456,7 @@ def items_page(
     after: str | None,
     limit: int,
 ) -> ItemPage:
+    check_text_param(after, "after")
     get_job(session, caller, job_id)
     query = _items_query(job_id, status).limit(limit + 1)
     if after:

@@ -11,29 +11,58 @@ from datetime import datetime
 from typing import Annotated
 from typing import Literal
 
+from pydantic import AfterValidator
 from pydantic import BaseModel
 from pydantic import ConfigDict
 from pydantic import Field
+from pydantic import ValidationInfo
+from pydantic import field_validator
 from pydantic import model_validator
+
+from thinkbatch.limits import SAMPLING_LIMITS
+from thinkbatch.limits import STOP_MAX_CHARS
+from thinkbatch.limits import STOP_MAX_STRINGS
 
 _INPUT = ConfigDict(extra="forbid", strict=True)
 
 
+def _non_empty_stop(value: str) -> str:
+    if not value:
+        raise ValueError("must be a non-empty string (the engine refuses an empty stop string)")
+    return value
+
+
+StopString = Annotated[str, Field(max_length=STOP_MAX_CHARS), AfterValidator(_non_empty_stop)]
+
+
 class SamplingParamsIn(BaseModel):
-    """Sampling parameters of a job, or one item's overrides of them. All optional."""
+    """Sampling parameters of a job, or one item's overrides of them. All optional.
+
+    Bounds come from the one table in thinkbatch/limits.py, checked against the engine's own."""
 
     model_config = _INPUT
 
-    max_tokens: int | None = Field(None, gt=0)
-    temperature: float | None = Field(None, ge=0, le=10)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1, description="-1 or 0 disables top-k")
-    seed: int | None = None
-    stop: str | list[Annotated[str, Field(min_length=1)]] | None = Field(None, max_length=16)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    repetition_penalty: float | None = Field(None, gt=0, le=10)
+    max_tokens: int | None = SAMPLING_LIMITS["max_tokens"].field()
+    temperature: float | None = SAMPLING_LIMITS["temperature"].field()
+    top_p: float | None = SAMPLING_LIMITS["top_p"].field()
+    top_k: int | None = SAMPLING_LIMITS["top_k"].field()
+    seed: int | None = SAMPLING_LIMITS["seed"].field()
+    stop: StopString | Annotated[list[StopString], Field(max_length=STOP_MAX_STRINGS)] | None = (
+        Field(None, description="A stop string or a list of them; generation ends before one.")
+    )
+    presence_penalty: float | None = SAMPLING_LIMITS["presence_penalty"].field()
+    repetition_penalty: float | None = SAMPLING_LIMITS["repetition_penalty"].field()
     enable_thinking: bool | None = None
     ignore_eos: bool | None = None
+
+    @field_validator(*(n for n, limit in SAMPLING_LIMITS.items() if limit.min_nonzero))
+    @classmethod
+    def _no_silent_clamp(cls, value: float | None, info: ValidationInfo) -> float | None:
+        # The engine would raise such a value to its minimum with only a log line: refuse it.
+        floor = SAMPLING_LIMITS[str(info.field_name)].min_nonzero
+        if value is not None and floor is not None and 0 < value < floor:
+            raise ValueError(f"must be 0 or at least {floor}, got {value}")
+        return value
 
     def overrides(self) -> dict[str, object]:
         return self.model_dump(exclude_none=True)

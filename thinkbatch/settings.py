@@ -75,6 +75,19 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(
         256 * 1024 * 1024, ge=1024, description="Largest request body the API reads (413 above)."
     )
+    max_json_depth: int = Field(
+        32,
+        ge=5,  # a message in an item's messages is level 5
+        le=1000,
+        description="Deepest nesting of objects and arrays in a request body (400 deeper; "
+        "checked while reading, so a deep body costs no memory).",
+    )
+    max_prompt_chars: int = Field(
+        1_000_000,
+        ge=1,
+        description="Most characters in one item's prompt, or its messages' contents together "
+        "(400 above).",
+    )
     max_tokens_cap: int = Field(32768, ge=1, description="Largest `max_tokens` a job may ask for.")
     default_max_tokens: int = Field(4096, ge=1, description="`max_tokens` when a job gives none.")
     max_attempts: int = Field(3, ge=1, description="Engine attempts per item before it fails.")
