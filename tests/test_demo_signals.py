@@ -8,10 +8,13 @@ the fake engine keeps it quick (the vLLM engine is stopped the same way, as the 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -45,8 +48,13 @@ def _stack_processes(launcher: int, data_dir: Path) -> list[psutil.Process]:
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("demo-data")  # shared: the second run skips initdb
+def data_dir() -> Iterator[Path]:
+    # Shared by both runs (the second skips initdb). Outside pytest's base temp folder: as
+    # root, PostgreSQL runs as its own user, and another pytest session on this machine
+    # resets that folder to 0700, locking the server (and pg_ctl stop) out of its data.
+    path = Path(tempfile.mkdtemp(prefix="thinkbatch-demo-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
@@ -73,7 +81,10 @@ def test_a_stop_signal_stops_everything_the_launcher_started(
         launcher.send_signal(sig)
         code = launcher.wait(120)
         _, alive = psutil.wait_procs(stack, timeout=30)
-        assert alive == [], [" ".join(p.cmdline()) for p in alive]
+        assert alive == [], (
+            [" ".join(p.cmdline()) for p in alive],
+            out.read_text(errors="replace")[-1500:],
+        )
         assert code == 128 + sig, out.read_text(errors="replace")[-3000:]
     finally:
         if launcher.poll() is None:
