@@ -9,6 +9,7 @@ the API and Flower listen.
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
 import time
@@ -58,20 +59,48 @@ def shorten(text: str | None, width: int) -> str:
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
-def start_services(settings: Settings, stack_env: dict[str, str]) -> list[Any]:
-    started: list[Any] = []
+def start_services(settings: Settings, stack_env: dict[str, str], started: list[Any]) -> None:
+    """Start the embedded PostgreSQL and Redis the settings do not point elsewhere. Each is
+    recorded in `started` before it starts, so that a stop signal arriving mid-start still
+    stops it (stopping one that never came up does nothing)."""
     data = settings.data_dir.absolute()
     if not settings.database_url:
         console.print(f"[dim]starting PostgreSQL (embedded) in {data / 'postgres'}[/]")
-        pg = LocalPostgres(data / "postgres").start()
-        stack_env["DATABASE_URL"] = pg.create_database("thinkbatch")
+        pg = LocalPostgres(data / "postgres")
         started.append(pg)
+        stack_env["DATABASE_URL"] = pg.start().create_database("thinkbatch")
     if not settings.redis_url:
         console.print("[dim]starting Redis (embedded)[/]")
-        redis_server = LocalRedis(data / "redis").start()
-        stack_env["REDIS_URL"] = redis_server.url(0)
+        redis_server = LocalRedis(data / "redis")
         started.append(redis_server)
-    return started
+        stack_env["REDIS_URL"] = redis_server.start().url(0)
+
+
+# Stopped by a service manager or a container runtime (SIGTERM), or by the terminal going away
+# (SIGHUP): tear down as on Ctrl-C. Python's default for these ends the process at once, which
+# skips every `finally` and leaves the services, each in its own session, running.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _stop_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _ignore_stop_signals() -> None:
+    # A second signal (an impatient Ctrl-C, systemd repeating SIGTERM) must not cut the
+    # teardown short; each stop is bounded by its own timeout and ends in SIGKILL.
+    for sig in (*STOP_SIGNALS, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def stop_services(stack: Stack | None, services: list[Any]) -> None:
+    if stack is not None:
+        stack.stop_all()
+    for service in reversed(services):
+        try:
+            service.stop()
+        except Exception as error:  # noqa: BLE001 - stop the others all the same
+            console.print(f"[red]could not stop {type(service).__name__}: {error}[/]")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,14 +116,17 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = Settings()
     env = engine_env()
-    services = start_services(settings, env)
-    stack = Stack(env, settings.data_dir.absolute() / "logs")
+    services: list[Any] = []
+    stack: Stack | None = None
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _stop_on_signal)
     try:
+        start_services(settings, env, services)
+        stack = Stack(env, settings.data_dir.absolute() / "logs")
         return run(stack, settings, serve)
     finally:
-        stack.stop_all()
-        for service in reversed(services):
-            service.stop()
+        _ignore_stop_signals()
+        stop_services(stack, services)
 
 
 def run(stack: Stack, settings: Settings, serve: bool) -> int:

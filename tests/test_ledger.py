@@ -213,3 +213,26 @@ def test_suspects_are_claimed_in_halves(db: sa.Engine, settings: Settings) -> No
         ledger.release_crashed(conn, "w1", max_attempts=3, code="engine_crash", message="x")
         nxt = ledger.claim(conn, job_id, owner="w1", n=0, lease_s=60, suspects=True)
     assert [(i.seq, i.crashes) for i in nxt] == [(4, 2), (5, 2)]
+
+
+def test_a_retryable_failure_in_a_cancelling_job_ends_the_item(
+    db: sa.Engine, settings: Settings
+) -> None:
+    """Nobody claims for a cancelling job: an item sent back to pending would keep the job
+    `cancelling` for good. It fails instead, and the job ends cancelled."""
+    job_id = seed_job(db, settings, n=3)
+    register(db, "w1")
+    items = claim(db, job_id, "w1", 3)
+    with db.begin() as conn:
+        assert ledger.cancel_job(conn, job_id) == (True, "cancelling")
+        failed = [
+            ledger.Failed(i.id, i.job_id, i.attempt, "engine_error", "boom", retryable=True)
+            for i in items
+        ]
+        assert set(ledger.fail(conn, "w1", failed, max_attempts=3).values()) == {"failed"}
+        ledger.finalize_jobs(conn, [job_id])
+    counts = check_invariants(db, job_id)
+    assert counts["failed"] == 3
+    with db.connect() as conn:
+        status = conn.execute(sa.text("SELECT status FROM jobs WHERE id = :id"), {"id": job_id})
+        assert status.scalar_one() == "cancelled"

@@ -257,20 +257,24 @@ def complete(conn: sa.Connection, owner: str, done: Sequence[Done]) -> set[int]:
     return {row.item_id for row in rows}
 
 
+# A retry goes back to pending only while its job is runnable: nobody claims for a cancelling
+# job, so a pending item would keep it `cancelling` for good.
 _FAIL = sa.text(
     """
     UPDATE items AS i SET
         status = CASE WHEN v.retryable AND i.attempts < :max_attempts
+                           AND j.status IN ('queued', 'running')
                       THEN 'pending' ELSE 'failed' END,
         finished_at = CASE WHEN v.retryable AND i.attempts < :max_attempts
+                                AND j.status IN ('queued', 'running')
                            THEN NULL ELSE now() END,
         lease_owner = NULL, lease_expires_at = NULL,
         error_code = v.code, error_message = v.message
     FROM unnest(CAST(:item_ids AS bigint[]), CAST(:attempts AS int[]), CAST(:codes AS text[]),
                 CAST(:messages AS text[]), CAST(:retryable AS bool[]))
-         AS v(item_id, attempt, code, message, retryable)
+         AS v(item_id, attempt, code, message, retryable), jobs AS j
     WHERE i.id = v.item_id AND i.status = 'running' AND i.lease_owner = :owner
-      AND i.attempts = v.attempt
+      AND i.attempts = v.attempt AND j.id = i.job_id
     RETURNING i.id, i.status
     """
 )

@@ -182,6 +182,12 @@ class Settings(BaseSettings):
         "(stored at once when the engine holds nothing more).",
     )
     write_batch_max: int = Field(1000, ge=1, description="Most results per writer transaction.")
+    prepare_inline_max_chars: int = Field(
+        20_000,
+        ge=0,
+        description="A prompt longer than this (characters) is rendered and tokenized on a side "
+        "thread, so that it never delays the other items' way to the engine.",
+    )
     db_pool_size: int = Field(5, ge=1, description="SQLAlchemy pool size per process.")
 
     @model_validator(mode="after")

@@ -7,7 +7,13 @@ UTF-8 bytes plus Qwen's special tokens, rendered with a Qwen3-style chat templat
 Markers in an item's text inject faults, for the reliability tests:
 `[[poison]]` kills the engine (like vLLM's EngineDeadError), `[[exit]]` kills the worker
 process, `[[fail]]` makes this one request fail, `[[hang]]` never finishes.
-Options come from ENGINE_EXTRA_ARGS: `step_s` (default 0.001).
+Faults while preparing: `[[fail-render]]`, `[[fail-tokenize]]` and `[[fail-params]]` raise from
+`prepare` at that stage, for the whole batch it was called with (as a batched tokenizer call
+does); `[[fail-submit]]` has the request refused as it is submitted. Sampling values vLLM's
+SamplingParams refuses (temperature outside [0, 2], an empty stop string) raise too.
+Options come from ENGINE_EXTRA_ARGS: `step_s` (default 0.001) and `tokenize_s_per_mchar`
+(seconds of tokenizing per million characters, default 0), which makes a long prompt's
+tokenizing take time as a real tokenizer's does.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -74,6 +81,9 @@ class FakeEngine:
     def __init__(self, settings: Settings):
         self.settings = settings
         self.step_s = float(settings.engine_extra_args.get("step_s", 0.001))
+        self.tokenize_s_per_mchar = float(
+            settings.engine_extra_args.get("tokenize_s_per_mchar", 0.0)
+        )
         self.max_model_len = settings.max_model_len or 4096
         self.think = ThinkTokens(SPECIAL["<think>"], SPECIAL["</think>"], SPECIAL["<|im_start|>"])
         self._waiting: list[_Seq] = []
@@ -93,6 +103,12 @@ class FakeEngine:
                 text = render_chat(item.messages, params.enable_thinking)
             else:
                 text = item.prompt or ""
+            if "[[fail-render]]" in text:
+                raise RuntimeError("injected failure while rendering")
+            if self.tokenize_s_per_mchar:
+                time.sleep(len(text) * self.tokenize_s_per_mchar / 1e6)  # releases the GIL too
+            if "[[fail-tokenize]]" in text:
+                raise RuntimeError("injected failure while tokenizing")
             ids = encode(text)
             if len(ids) >= self.max_model_len:
                 out.append(
@@ -106,8 +122,19 @@ class FakeEngine:
             opened = prompt_opens_thinking(
                 ids, start_id=3, end_id=4, turn_start_id=SPECIAL["<|im_start|>"]
             )
+            self._check_params(params, "[[fail-params]]" in text)
             out.append(Prepared(prompt_ids=ids, opened_in_prompt=opened, sampling=params))
         return out
+
+    @staticmethod
+    def _check_params(params: Sampling, fail: bool) -> None:
+        """Build the engine's parameters: refuse what vLLM's SamplingParams refuses."""
+        if fail:
+            raise ValueError("injected failure while building the sampling parameters")
+        if not 0 <= params.temperature <= 2:
+            raise ValueError(f"temperature must be in [0, 2], got {params.temperature}.")
+        if any(s == "" for s in params.stop):
+            raise ValueError("stop cannot contain an empty string.")
 
     def _output(self, prepared: Prepared) -> tuple[list[int], str]:
         prompt = decode(prepared.prompt_ids)
@@ -141,6 +168,8 @@ class FakeEngine:
             raise EngineDead("fake engine killed by a poison item")
         if "[[fail]]" in prompt:
             raise RuntimeError("injected failure")
+        if "[[fail-submit]]" in prompt:
+            raise ItemRejected("invalid_request", "injected refusal of the request")
         ids, finish = self._output(prepared)
         steps = float("inf") if "[[hang]]" in prompt else len(ids)
         seq = _Seq(remaining=steps, future=asyncio.get_running_loop().create_future())

@@ -30,6 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from dataclasses import field
 from typing import Any
@@ -43,6 +44,7 @@ from thinkbatch.ledger import Done
 from thinkbatch.ledger import Failed
 from thinkbatch.models import ItemStatus
 from thinkbatch.models import JobStatus
+from thinkbatch.sampling import Sampling
 from thinkbatch.sampling import resolve_sampling
 from thinkbatch.settings import Settings
 from thinkbatch.sweeper import sweep
@@ -114,6 +116,25 @@ class Outcome:
     message: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class _Raised:
+    """The exception the engine raised while preparing one item."""
+
+    error: Exception
+
+
+def _text_chars(item: Claimed) -> int:
+    """The length of an item's text in characters: what rendering and tokenizing cost grows with."""
+    if item.messages is None:
+        return len(item.prompt or "")
+    return sum(len(str(m.get("content") or "")) for m in item.messages if isinstance(m, dict))
+
+
+def _message(error: BaseException) -> str:
+    """The error's own words for the item's record (its type when it has none)."""
+    return str(error).strip() or type(error).__name__
+
+
 def yield_cpu(nice: int = 10) -> None:
     """Lower this thread's CPU priority. Heartbeats, sweeps and progress reports can wait a few
     milliseconds; the engine cannot without idling its batch. Where the engine shares cores
@@ -159,6 +180,9 @@ class Runner:
         self.stopping = threading.Event()
         self._dead = threading.Event()
         self._threads: list[threading.Thread] = []
+        # One thread for items with a long text (see _launch_slice): it runs beside the
+        # claimer, and one at a time leaves the cores to the engine.
+        self._aside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare-large")
         self.loop = asyncio.new_event_loop()
         self.stats = {"claims": 0, "claimed": 0, "writes": 0, "written": 0}
 
@@ -201,6 +225,7 @@ class Runner:
         while time.monotonic() < deadline and (self._inflight or not self._outcomes.empty()):
             time.sleep(0.05)
         self._outcomes.put(None)
+        self._aside.shutdown(wait=False)
         for thread in self._threads:
             if thread.name == "writer":
                 thread.join(max(0.0, deadline - time.monotonic()))
@@ -436,33 +461,141 @@ class Runner:
             self._launch_slice(handle, claimed[start : start + self.launch_chunk], suspects)
 
     def _launch_slice(self, handle: JobHandle, claimed: list[Claimed], suspects: bool) -> None:
-        sampling = [
-            resolve_sampling(
-                handle.params, c.params, default_max_tokens=self.settings.default_max_tokens
-            )
-            for c in claimed
-        ]
-        prepared = self.engine.prepare(claimed, sampling)
-        flights: list[Flight] = []
-        now = time.monotonic()
-        for item, ready in zip(claimed, prepared, strict=True):
-            if isinstance(ready, ItemRejected):
-                self._outcomes.put(
-                    Outcome(None, item, handle, "rejected", code=ready.code, message=ready.message)
-                )
-                continue
-            flights.append(
-                Flight(
-                    claimed=item, prepared=ready, handle=handle, started=now, quarantined=suspects
-                )
-            )
+        """Hand a slice of claimed items to the engine. Items with a long text are prepared on
+        the side thread: tokenizing a prompt of megabytes takes seconds, and on this thread it
+        would hold back every other item's way to the engine (and so the whole batch)."""
+        limit = self.settings.prepare_inline_max_chars
+        large: list[Claimed] = []
+        if not suspects:  # suspects run alone in a drained engine: nothing to hold back
+            try:
+                large = [c for c in claimed if _text_chars(c) > limit]
+            except Exception:  # noqa: BLE001 - a malformed item is dealt with by _build
+                large = []
+        if large:
+            aside = {id(c) for c in large}
+            claimed = [c for c in claimed if id(c) not in aside]
+            # They hold their place in the window while they wait, as if in the engine.
+            with self._lock:
+                self._inflight += len(large)
+                handle.inflight += len(large)
+            try:
+                self._aside.submit(self._prepare_and_launch, handle, large, False, len(large))
+            except RuntimeError:  # shut down (the runner is closing): prepare them here
+                self._prepare_and_launch(handle, large, False, len(large))
+        if claimed:
+            self._prepare_and_launch(handle, claimed, suspects, 0)
+
+    def _prepare_and_launch(
+        self, handle: JobHandle, claimed: list[Claimed], suspects: bool, reserved: int
+    ) -> None:
+        """Every claimed item ends in exactly one place: the engine, or an outcome for the
+        writer. An item that ended in neither would stay `running` for good, and with it its
+        job, a cancel of that job, and the task thread waiting for the job to settle."""
+        try:
+            flights, outcomes = self._build(handle, claimed, suspects)
+        except Exception as error:  # noqa: BLE001 - a defect here is not the items' fault
+            log.exception("could not prepare %d item(s); they are retried", len(claimed))
+            flights = []
+            outcomes = [
+                Outcome(None, c, handle, "error", code="worker_error", message=repr(error))
+                for c in claimed
+            ]
+        if flights and self.stopping.is_set():
+            # Prepared after shutdown began (on the side thread): hand them back untouched.
+            outcomes += [Outcome(f, f.claimed, handle, "aborted", code="shutdown") for f in flights]
+            flights = []
+        for outcome in outcomes:
+            self._outcomes.put(outcome)
         with self._lock:
-            self._inflight += len(flights)
-            handle.inflight += len(flights)
+            self._inflight += len(flights) - reserved
+            handle.inflight += len(flights) - reserved
             if suspects:
                 self._quarantine += len(flights)
         if flights:
             self.loop.call_soon_threadsafe(self._launch, flights)
+        elif reserved:
+            self._wake.set()  # window room came back without a launch: claim again
+
+    def _build(
+        self, handle: JobHandle, claimed: list[Claimed], suspects: bool
+    ) -> tuple[list[Flight], list[Outcome]]:
+        """Resolve sampling, render, tokenize and build the engine's parameters: flights for
+        the items that are ready, outcomes for the ones that are not."""
+        outcomes: list[Outcome] = []
+        items: list[Claimed] = []
+        sampling: list[Sampling] = []
+        for item in claimed:
+            try:
+                sampling.append(
+                    resolve_sampling(
+                        handle.params,
+                        item.params,
+                        default_max_tokens=self.settings.default_max_tokens,
+                    )
+                )
+                items.append(item)
+            except Exception as error:  # noqa: BLE001 - a stored value the worker cannot use
+                outcomes.append(
+                    Outcome(None, item, handle, "rejected", code="invalid_request",
+                            message=f"invalid sampling parameters: {_message(error)}")
+                )  # fmt: skip
+        prepared = self._prepare(items, sampling)
+        # An item that fails alone while a batch-mate gets through is the cause: it fails now.
+        # When every item fails, the cause may as well be ours (a broken tokenizer): each is
+        # retried, with an attempt counted, so a worker fault costs nobody their result and an
+        # item that fails everywhere still ends `failed` after MAX_ATTEMPTS.
+        blamed = any(not isinstance(p, _Raised) for p in prepared)
+        flights: list[Flight] = []
+        now = time.monotonic()
+        for item, ready in zip(items, prepared, strict=True):
+            if isinstance(ready, ItemRejected):
+                outcomes.append(
+                    Outcome(None, item, handle, "rejected", code=ready.code, message=ready.message)
+                )
+            elif isinstance(ready, _Raised):
+                kind = "rejected" if blamed else "error"
+                outcomes.append(
+                    Outcome(None, item, handle, kind, code="invalid_request",
+                            message=_message(ready.error))
+                )  # fmt: skip
+            else:
+                flights.append(
+                    Flight(claimed=item, prepared=ready, handle=handle, started=now,
+                           quarantined=suspects)
+                )  # fmt: skip
+        return flights, outcomes
+
+    def _prepare(
+        self, items: list[Claimed], sampling: list[Sampling]
+    ) -> list[Prepared | ItemRejected | _Raised]:
+        """The engine's prepare, with an exception confined to the items that cause it: when
+        the batched call raises, each item is prepared alone."""
+        if not items:
+            return []
+        try:
+            prepared: list[Prepared | ItemRejected | _Raised] = list(
+                self.engine.prepare(items, sampling)
+            )
+            if len(prepared) != len(items):
+                raise RuntimeError(f"prepare returned {len(prepared)} of {len(items)} items")
+            return prepared
+        except Exception as error:  # noqa: BLE001 - find out whose it is
+            if len(items) == 1:
+                return [_Raised(error)]
+            # The type only: an engine's message may quote the prompt, which the logs never hold.
+            log.warning(
+                "preparing %d items failed (%s); preparing each alone",
+                len(items),
+                type(error).__name__,
+            )
+        out: list[Prepared | ItemRejected | _Raised] = []
+        for item, params in zip(items, sampling, strict=True):
+            try:
+                (one,) = self.engine.prepare([item], [params])
+                out.append(one)
+            except Exception as error:  # noqa: BLE001 - this item's own failure
+                out.append(_Raised(error))
+        return out
 
     # --- the engine loop ----------------------------------------------------------------------
 
@@ -470,6 +603,17 @@ class Runner:
         for flight in flights:
             self._flights.add(flight)
             flight.task = self.loop.create_task(self._run(flight))
+            flight.task.add_done_callback(lambda _, f=flight: self._unstarted(f))
+
+    def _unstarted(self, flight: Flight) -> None:
+        """A task cancelled before its first step never enters _run's handlers: settle its
+        item here, or it would stay in flight (and `running`) for good."""
+        if flight in self._flights:
+            self._settle(
+                flight,
+                Outcome(flight, flight.claimed, flight.handle, "aborted",
+                        code=flight.abort_reason or "shutdown"),
+            )  # fmt: skip
 
     async def _run(self, flight: Flight) -> None:
         item = flight.claimed
@@ -494,6 +638,9 @@ class Runner:
             outcome = Outcome(
                 flight, item, flight.handle, "error", code="engine_error", message=repr(error)
             )
+        self._settle(flight, outcome)
+
+    def _settle(self, flight: Flight, outcome: Outcome) -> None:
         self._flights.discard(flight)
         with self._lock:
             self._inflight -= 1

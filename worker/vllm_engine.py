@@ -158,6 +158,11 @@ class VLLMEngine:
                     )
                 )
                 continue
+            try:
+                native = self._sampling_params(params, len(ids[i]))
+            except Exception as error:  # noqa: BLE001 - vLLM refuses this item's values
+                out.append(ItemRejected("invalid_request", str(error)))
+                continue
             out.append(
                 Prepared(
                     prompt_ids=ids[i],
@@ -168,7 +173,7 @@ class VLLMEngine:
                         turn_start_id=self.think.turn_start_id,
                     ),
                     sampling=params,
-                    native=self._sampling_params(params, len(ids[i])),
+                    native=native,
                 )
             )
         return out
