@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import orm
 
+from tests.conftest import TENANT
 from tests.helpers import check_invariants
 from tests.helpers import seed_job
 from tests.test_runner import Harness
@@ -21,6 +22,7 @@ from tests.test_runner import harness  # noqa: F401 - the fixture
 from tests.test_runner import job_row
 from tests.test_runner import wait_status
 from thinkbatch import jobs as service
+from thinkbatch.keys import Caller
 from thinkbatch.ledger import Claimed
 from thinkbatch.sampling import resolve_sampling
 from thinkbatch.schemas import JobCreate
@@ -32,7 +34,9 @@ BAD = {3, 17, 18, 31}  # 17 and 18 share a launch slice
 
 def create_job(db: sa.Engine, settings: Settings, items: list[dict[str, Any]]) -> uuid.UUID:
     with orm.Session(db) as session, session.begin():
-        return service.create_job(session, JobCreate.model_validate({"items": items}), settings).id
+        return service.create_job(
+            session, Caller(TENANT, None), JobCreate.model_validate({"items": items}), settings
+        ).id
 
 
 def store(db: sa.Engine, sql: str, **params: Any) -> None:
