@@ -66,7 +66,8 @@ def test_nothing_changes_without_bound_children() -> None:
     """A CPU host where vLLM bound nothing: the worker keeps every core."""
     script = (
         "import os, json; from worker.affinity import keep_off_compute_cores; "
-        "print(json.dumps([sorted(keep_off_compute_cores('cpu')), sorted(os.sched_getaffinity(0))]))"
+        "kept = keep_off_compute_cores('cpu'); "
+        "print(json.dumps([sorted(kept), sorted(os.sched_getaffinity(0))]))"
     )
     out = subprocess.run(
         [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True
