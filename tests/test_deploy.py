@@ -201,13 +201,6 @@ def test_gpu_engine_arguments_carry_no_cpu_only_setting(monkeypatch: pytest.Monk
     assert os.environ.pop("VLLM_CPU_KVCACHE_SPACE") == "4"
 
 
-def test_gpu_host_gets_no_cpu_engine_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    from thinkbatch import stack
-
-    monkeypatch.setattr(stack, "has_gpu", lambda: True)
-    assert stack.engine_env() == {}
-
-
 def test_demo_model_only_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
     from thinkbatch.stack import demo_model_env
 
