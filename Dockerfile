@@ -1,7 +1,9 @@
 # Two images from one file:
 #   docker build --target api .     Flask API, migrations, Flower (no torch, no vLLM)
 #   docker build --target worker .  Celery worker with the CUDA build of vLLM
-FROM python:3.11-slim AS base
+
+# --- api: plain Python is enough (no torch, no compiler) ------------------------------------
+FROM python:3.11-slim AS api
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
 COPY pyproject.toml README.md ./
@@ -11,12 +13,44 @@ COPY worker ./worker
 COPY demo ./demo
 COPY bench ./bench
 COPY migrations ./migrations
-
-FROM base AS api
+# The project itself; its dependencies carry their bounds in pyproject.toml.
+# hadolint ignore=DL3013
 RUN pip install ".[api,worker]"
 EXPOSE 8000
 CMD ["gunicorn", "-c", "api/gunicorn.conf.py", "api.wsgi:app"]
 
-FROM base AS worker
+# --- worker: a CUDA *devel* base, because vLLM compiles kernels when its engine starts -------
+# * Triton (vLLM's samplers use it even in eager mode) builds its CUDA launcher with gcc and the
+#   Python headers on first use: python:3.11-slim has neither.
+# * The FlashInfer sampler, on by default in vLLM 0.32, compiles with nvcc during the engine's
+#   warm-up and has no fallback: a runtime-only CUDA image has no nvcc.
+# So: NVIDIA's devel image at the CUDA version the pinned torch is built for (vllm==0.32.0 pins
+# torch==2.13.0, whose PyPI wheels use CUDA 13.0), plus gcc and the Python headers. vLLM's own
+# release image uses the same kind of base for the same reason. The alternative, switching
+# FlashInfer's sampler off (VLLM_USE_FLASHINFER_SAMPLER=0) and keeping a slim image, still needs
+# gcc for Triton and costs sampling speed; it is not taken.
+# The host needs an NVIDIA driver >= 580 (CUDA 13.0); `make gpu-check` checks it.
+FROM nvidia/cuda:13.0.2-devel-ubuntu24.04 AS worker
+ENV DEBIAN_FRONTEND=noninteractive PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 CUDA_HOME=/usr/local/cuda PATH=/opt/venv/bin:$PATH
+# Ubuntu 24.04's Python 3.12 (vLLM's wheel is abi3; thinkbatch needs >= 3.11). Debian package
+# versions move with the base image's security updates; the base image tag pins them.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends \
+        python3.12 python3.12-venv python3.12-dev gcc g++ git ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && python3.12 -m venv /opt/venv
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY thinkbatch ./thinkbatch
+COPY api ./api
+COPY worker ./worker
+COPY demo ./demo
+COPY bench ./bench
+COPY migrations ./migrations
+COPY scripts ./scripts
+# The `gpu` extra pins vllm==0.32.0 (and through it torch 2.13.0 for CUDA 13.0).
+# hadolint ignore=DL3013
 RUN pip install ".[worker,gpu]"
 CMD ["celery", "-A", "worker.celery_app", "worker", "-E", "-l", "INFO"]

@@ -1,7 +1,7 @@
 # One command each; every target installs what it needs first (.venv, via scripts/install.py).
 PY := .venv/bin/python
 
-.PHONY: install demo test chaos bench bench-scale lint clean
+.PHONY: install demo test chaos bench bench-scale gpu-check lint clean
 
 install:
 	@python3 scripts/install.py
@@ -20,6 +20,11 @@ bench: install       ## raw engine vs the job system, same run (ARGS=--profile, 
 
 bench-scale: install ## a 100,000-item job: submit, status, results
 	$(PY) -m bench.scale $(ARGS)
+
+gpu-check:           ## on a GPU host: driver, compilers, the real stack, thinking on/off, items/s vs raw
+	@python3 scripts/gpu_check.py --preflight
+	@$(MAKE) --no-print-directory install
+	$(PY) scripts/gpu_check.py $(ARGS)
 
 lint: install
 	$(PY) -m ruff check . && $(PY) -m ruff format --check .

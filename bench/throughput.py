@@ -36,7 +36,10 @@ from thinkbatch.settings import DEMO_MODEL
 from thinkbatch.settings import Settings
 from thinkbatch.stack import ROOT
 from thinkbatch.stack import Stack
+from thinkbatch.stack import demo_model_env
 from thinkbatch.stack import engine_env
+from thinkbatch.stack import has_gpu
+from thinkbatch.stack import readiness_wait
 
 # On this CPU: a full vLLM batch (256 sequences) and room for it in the KV cache.
 CPU_BENCH = {"MAX_NUM_SEQS": "256", "CPU_KVCACHE_SPACE_GIB": "2", "MAX_MODEL_LEN": "512"}
@@ -190,10 +193,13 @@ def cpu_used(before: dict[int, tuple[str, float]]) -> dict[str, float]:
     return used
 
 
-def start_system(stack: Stack, profile: Path | None) -> tuple[httpx.Client, Any]:
+def start_system(
+    stack: Stack, settings: Settings, profile: Path | None
+) -> tuple[httpx.Client, Any]:
     """The job system arm: one API and one worker (and py-spy on the worker if asked)."""
     api = stack.start_api(workers=2)
-    worker = stack.start_worker("worker")
+    worker = stack.start_worker("worker", wait=False)
+    stack.wait_worker_ready(worker, **readiness_wait(settings))
     spy = None
     if profile is not None:  # sample the worker's Python stacks while the jobs run
         spy = subprocess.Popen(
@@ -308,13 +314,20 @@ def main() -> int:
         "--rounds", type=int, default=5, help="runs of each arm; the medians are compared"
     )
     parser.add_argument("--profile", action="store_true", help="py-spy the worker (needs py-spy)")
+    parser.add_argument(
+        "--sequential",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the raw arm's rounds, stop its engine, then the job system's (default: on a "
+        "GPU host, where two engines do not fit on one card; else interleaved)",
+    )
     parser.add_argument("--raw-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.raw_only:  # child process of the raw arm
         serve_raw(args.items, args.max_tokens)
         return 0
 
-    env = engine_env(CPU_BENCH)
+    env = {**engine_env(CPU_BENCH), **demo_model_env(Settings())}
     settings = Settings(**{k.lower(): v for k, v in env.items()})  # type: ignore[arg-type]
     services: list[Any] = []
     tmp = Path(tempfile.mkdtemp(prefix="thinkbatch-bench-"))
@@ -341,25 +354,43 @@ def main() -> int:
         ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "enforce_eager",
          "enable_prefix_caching", "dtype", "tensor_parallel_size")
     ), flush=True)  # fmt: skip
-    raw_arm = RawArm(child_env, args.items, args.max_tokens)
+    # Two engines fit side by side on a CPU host (each takes a share of host memory), not on a
+    # GPU: each would claim GPU_MEMORY_UTILIZATION of the same card and the second would fail.
+    # There the arms run one after the other, the raw engine's process gone before the worker's
+    # engine loads.
+    sequential = args.sequential if args.sequential is not None else has_gpu()
+    profile = tmp / "worker.folded" if args.profile else None
     stack = Stack(env, tmp / "logs")
+    raw_arm: RawArm | None = None
     spy = None
+    raw_rounds: list[dict[str, Any]] = []
+    system_rounds: list[dict[str, Any]] = []
     try:
         try:
-            profile = tmp / "worker.folded" if args.profile else None
-            client, spy = start_system(stack, profile)
-            raw_arm.wait_ready()
+            raw_arm = RawArm(child_env, args.items, args.max_tokens)
+            if sequential:
+                raw_arm.wait_ready()
+                raw_rounds = [raw_arm.round(r) for r in range(args.rounds)]
+                raw_arm.close()
+            client, spy = start_system(stack, settings, profile)
             db = sa.create_engine(database_url)
-            raw_rounds, system_rounds = [], []
-            for r in range(args.rounds):  # interleaved: both arms see the same moments
-                raw_rounds.append(raw_arm.round(r))
-                system_rounds.append(system_round(client, db, args.items, args.max_tokens, r))
+            if sequential:
+                system_rounds = [
+                    system_round(client, db, args.items, args.max_tokens, r)
+                    for r in range(args.rounds)
+                ]
+            else:
+                raw_arm.wait_ready()
+                for r in range(args.rounds):  # interleaved: both arms see the same moments
+                    raw_rounds.append(raw_arm.round(r))
+                    system_rounds.append(system_round(client, db, args.items, args.max_tokens, r))
             db.dispose()
         finally:
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
                 spy.wait(30)
-            raw_arm.close()
+            if raw_arm is not None:
+                raw_arm.close()
             stack.stop_all()
         # The writer's statement alone is measured with both engines stopped, on a quiet machine.
         capacity = write_capacity(database_url)
@@ -369,7 +400,11 @@ def main() -> int:
 
     n = args.items
     raw, system = median_round(raw_rounds), median_round(system_rounds)
-    print(f"{'arm':12} {'items/s':>9} {'out tok/s':>10} {'seconds':>8}  (median; every round)")
+    order = "one after the other" if sequential else "interleaved"
+    print(
+        f"{'arm':12} {'items/s':>9} {'out tok/s':>10} {'seconds':>8}  "
+        f"(median; every round; {order})"
+    )
     for name, arm, rounds in (
         ("raw engine", raw, raw_rounds),
         ("job system", system, system_rounds),

@@ -34,7 +34,9 @@ from thinkbatch.local_services import free_port
 from thinkbatch.settings import DEMO_MODEL
 from thinkbatch.settings import Settings
 from thinkbatch.stack import Stack
+from thinkbatch.stack import demo_model_env
 from thinkbatch.stack import engine_env
+from thinkbatch.stack import readiness_wait
 
 console = Console()
 
@@ -115,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     serve = sys.stdin.isatty() if args.serve is None else args.serve
 
     settings = Settings()
-    env = engine_env()
+    env = {**engine_env(), **demo_model_env(settings)}
+    settings = settings.model_copy(update={"model": env.get("MODEL", settings.model)})
     services: list[Any] = []
     stack: Stack | None = None
     for sig in STOP_SIGNALS:
@@ -142,9 +145,14 @@ def run(stack: Stack, settings: Settings, serve: bool) -> int:
     flower_auth = flower_basic_auth(settings.data_dir.absolute())
     api = stack.start_api(port=port_or_free(8000))
     flower = stack.start_flower(flower_auth, port=port_or_free(5555))
-    with console.status("starting the worker (loading the model into vLLM)…"):
+    with console.status("starting the worker (loading the model into vLLM)…") as status:
         started = time.monotonic()
-        stack.start_worker("worker")
+        worker = stack.start_worker("worker", wait=False)
+        stack.wait_worker_ready(
+            worker,
+            **readiness_wait(settings),
+            on_status=lambda line: status.update(f"starting the worker: {line}"),
+        )
     console.print(f"worker ready in {time.monotonic() - started:.0f} s")
 
     base = f"http://127.0.0.1:{api.port}"

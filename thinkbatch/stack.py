@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field
@@ -21,6 +22,8 @@ import psutil
 
 from thinkbatch.local_services import free_port
 from thinkbatch.local_services import wait_for_port
+from thinkbatch.settings import DEMO_MODEL
+from thinkbatch.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,6 +52,12 @@ def engine_env(cpu_overrides: Mapping[str, str] | None = None) -> dict[str, str]
         return {}
     wanted = {**CPU_ENGINE_DEFAULTS, **(cpu_overrides or {})}
     return {k: v for k, v in wanted.items() if k not in os.environ}
+
+
+def demo_model_env(settings: Settings) -> dict[str, str]:
+    """MODEL=thinkbatch-demo for the demo and the benchmark, unless the environment or .env
+    names a model. The settings' own default is the production model, never the toy one."""
+    return {} if "model" in settings.model_fields_set else {"MODEL": DEMO_MODEL}
 
 
 @dataclass
@@ -135,20 +144,45 @@ class Stack:
             self.wait_worker_ready(proc)
         return proc
 
-    def wait_worker_ready(self, proc: Proc, timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def wait_worker_ready(
+        self,
+        proc: Proc,
+        timeout: float | None = 300,
+        *,
+        stall_s: float | None = None,
+        on_status: Callable[[str], None] | None = None,
+    ) -> None:
+        """Wait for the worker's " ready." line. With `stall_s`, give up only when nothing has
+        moved for that long (its log, the model download) or after `timeout` if given: a first
+        start on a GPU host downloads many GB and captures CUDA graphs, which no fixed budget
+        fits. `on_status` gets a line saying what the worker is doing."""
+        started = last_move = time.monotonic()
+        seen = (-1, -1)
+        while True:
             if not proc.alive():
                 raise RuntimeError(f"{proc.name} exited:\n{proc.log_text()[-3000:]}")
-            if " ready." in proc.log_text():
+            text = proc.log_text()
+            if " ready." in text:
                 proc.engine_pids = [
                     c.pid
                     for c in psutil.Process(proc.pid).children(recursive=True)
                     if "worker.reaper" not in " ".join(c.cmdline())
                 ]
                 return
-            time.sleep(0.2)
-        raise TimeoutError(f"{proc.name} not ready after {timeout}s:\n{proc.log_text()[-3000:]}")
+            now = time.monotonic()
+            if stall_s is not None or on_status is not None:
+                downloaded = hub_cache_bytes(self.env)
+                if (len(text), downloaded) != seen:
+                    if on_status is not None:
+                        on_status(loading_status(text, downloaded - max(seen[1], 0)))
+                    seen, last_move = (len(text), downloaded), now
+                if stall_s is not None and now - last_move > stall_s:
+                    raise TimeoutError(
+                        f"{proc.name} made no progress for {stall_s:.0f}s:\n{text[-3000:]}"
+                    )
+            if timeout is not None and now - started > timeout:
+                raise TimeoutError(f"{proc.name} not ready after {timeout}s:\n{text[-3000:]}")
+            time.sleep(0.2 if on_status is None and stall_s is None else 0.5)
 
     def start_flower(self, basic_auth: str, port: int | None = None) -> Proc:
         """Flower on loopback, behind basic auth (`user:password`): its HTTP API can revoke
@@ -186,6 +220,38 @@ class Stack:
             if proc.alive():
                 self.stop(proc)
         self.procs.clear()
+
+
+def readiness_wait(settings: Settings) -> dict[str, float | None]:
+    """How long to wait for a worker, by what it loads: the demo model is local and small (a
+    fixed 300 s); any other model may first download many GB and compile CUDA graphs, so the
+    wait lasts while the worker shows progress and fails after 10 minutes without any."""
+    if settings.model == DEMO_MODEL:
+        return {"timeout": 300, "stall_s": None}
+    return {"timeout": None, "stall_s": 600}
+
+
+def hub_cache_bytes(env: Mapping[str, str]) -> int:
+    """Bytes in the Hugging Face hub cache the worker downloads into (grows while it does)."""
+    hub = env.get("HF_HUB_CACHE") or str(
+        Path(env.get("HF_HOME") or Path.home() / ".cache" / "huggingface") / "hub"
+    )
+    total = 0
+    for dirpath, _dirs, files in os.walk(hub):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:  # a download renames its .incomplete file meanwhile
+                pass
+    return total
+
+
+def loading_status(log_text: str, downloaded: int) -> str:
+    """One line on what a starting worker does: a download under way, else its last log line."""
+    if downloaded > 0:
+        return f"downloading the model: {downloaded / 1e9:.2f} GB more"
+    lines = [line.strip() for line in log_text.splitlines() if line.strip()]
+    return lines[-1][-160:] if lines else "starting"
 
 
 def _descendants(pid: int) -> list[psutil.Process]:

@@ -10,7 +10,9 @@ pinned and not, finished in a median 15.3 s pinned against 16.6 s not. That is w
 host's drift between rounds (13.9-18.2 s that day); it is kept because it is how vLLM means the
 reserved cores to be used.
 
-On a GPU host nothing is bound, so this finds no compute cores and changes nothing.
+Only on a CPU-only host. On a GPU host the model computes on the GPU, and a bound child is not
+vLLM's CPU compute threads but, with NUMA binding on, a GPU worker bound to its GPU's node:
+pinning the worker off those cores would be wrong, so nothing is changed there.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ import psutil
 log = logging.getLogger(__name__)
 
 
-def keep_off_compute_cores() -> set[int]:
-    """Pin this process's threads and its unbound descendants to the cores that no descendant is
-    bound to. Threads started later inherit the pinning from the thread that starts them.
-    Returns the cores kept to (empty when nothing was changed)."""
-    if not hasattr(os, "sched_setaffinity"):
+def keep_off_compute_cores(device: str) -> set[int]:
+    """On a CPU-only host (`device` 'cpu'), pin this process's threads and its unbound
+    descendants to the cores that no descendant is bound to. Threads started later inherit the
+    pinning from the thread that starts them. Returns the cores kept to (empty when nothing was
+    changed, and always on a GPU host)."""
+    if device != "cpu" or not hasattr(os, "sched_setaffinity"):
         return set()
     me = psutil.Process()
     try:

@@ -48,12 +48,32 @@ def resolve_model(settings: Settings) -> str:
     return str(ensure_demo_model(Path(DEFAULT_DIR)))
 
 
-def engine_args(settings: Settings, model: str) -> AsyncEngineArgs:
+# Environment variables only vLLM's CPU backend reads; a GPU host must carry none of them.
+CPU_ONLY_ENV_PREFIX = "VLLM_CPU_"
+# vLLM's "fit the context to memory" value (ModelConfig.max_model_len: -1 or "auto"): the model's
+# full context if its KV cache fits, else the longest that does. Qwen3-8B's 40,960 tokens need
+# ~5.6 GiB of KV cache for one request, more than a 24 GB card has left after the weights.
+AUTO_MAX_MODEL_LEN = -1
+
+
+def device_type() -> str:
+    """'cuda' on a GPU build of vLLM, 'cpu' on vllm-cpu."""
+    from vllm.platforms import current_platform
+
+    return current_platform.device_type
+
+
+def engine_args(settings: Settings, model: str, device: str = "cuda") -> AsyncEngineArgs:
+    """The engine's arguments. CPU-only settings are left out on a GPU host (`device`)."""
+    if device != "cpu" and settings.cpu_kvcache_space_gib is not None:
+        log.warning("CPU_KVCACHE_SPACE_GIB applies to the CPU backend only; ignored on %s", device)
     options: dict[str, Any] = {
         "model": model,
         "served_model_name": settings.model_name,
         "dtype": settings.dtype,
-        "max_model_len": settings.max_model_len,
+        # Unset: let the engine fit the context to memory; the worker then reads the length
+        # the engine settled on (VLLMEngine.start) for its prompt-length check.
+        "max_model_len": settings.max_model_len or AUTO_MAX_MODEL_LEN,
         "gpu_memory_utilization": settings.gpu_memory_utilization,
         "tensor_parallel_size": settings.tensor_parallel_size,
         # Set both explicitly: the offline and the async entry points pick different defaults.
@@ -69,10 +89,15 @@ def engine_args(settings: Settings, model: str) -> AsyncEngineArgs:
     return AsyncEngineArgs(**options)
 
 
-def configure_environment(settings: Settings) -> None:
+def configure_environment(settings: Settings, device: str = "cuda") -> None:
     """Process-wide knobs vLLM reads from the environment (its engine core inherits them)."""
-    if settings.cpu_kvcache_space_gib is not None:
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(settings.cpu_kvcache_space_gib)
+    if device == "cpu":
+        if settings.cpu_kvcache_space_gib is not None:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(settings.cpu_kvcache_space_gib)
+    else:
+        for name in [n for n in os.environ if n.startswith(CPU_ONLY_ENV_PREFIX)]:
+            log.warning("%s applies to the CPU backend only; removed on %s", name, device)
+            del os.environ[name]
     # The engine core must be spawned, never forked from a process holding threads and CUDA.
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
@@ -88,13 +113,16 @@ class VLLMEngine:
         self._backend: Any = None
 
     async def start(self) -> None:
-        configure_environment(self.settings)
+        device = device_type()
+        configure_environment(self.settings, device)
         model = resolve_model(self.settings)
-        self.llm = AsyncLLM.from_engine_args(engine_args(self.settings, model))
-        keep_off_compute_cores()
+        self.llm = AsyncLLM.from_engine_args(engine_args(self.settings, model, device))
+        keep_off_compute_cores(device)
         self.tokenizer = self.llm.get_tokenizer()
         # The Rust tokenizer under the transformers wrapper, for the one-shot decode.
         self._backend = getattr(self.tokenizer, "backend_tokenizer", None) or self.tokenizer
+        # After start-up: the frontend's model_config holds the length the engine core settled
+        # on (vLLM syncs an auto-fitted max_model_len back from the core's ready message).
         self.max_model_len = self.llm.model_config.max_model_len
         vocab = self.tokenizer.get_vocab()
         self.think = ThinkTokens(

