@@ -366,3 +366,60 @@ def test_the_last_progress_report_of_a_finished_job_is_final(harness: Harness) -
         assert wait_status(harness.db, job_id, {"completed"}).succeeded == n
         progress = reports[:-1]
         assert progress and progress[-1] == (n, n), (n, progress)
+
+
+def test_the_engine_is_shared_equally_between_tenants_then_by_priority() -> None:
+    from worker.runner import JobHandle
+    from worker.runner import fair_shares
+
+    many = [JobHandle(job_id=uuid.uuid4(), weight=w, params={}, tenant="big") for w in (1, 1, 10)]
+    one = JobHandle(job_id=uuid.uuid4(), weight=1, params={}, tenant="small")
+    shares = fair_shares(512, [*many, one])
+    assert shares[one] == 256  # one job of one tenant: half, however many jobs the other has
+    assert sum(shares[h] for h in many) == 256
+    assert shares[many[2]] == pytest.approx(10 * shares[many[0]])  # priority: within a tenant
+
+
+def test_a_tenant_with_many_jobs_does_not_hold_back_another(harness: Harness) -> None:
+    runner = harness.runner(engine_extra_args={"step_s": 0.004})
+    big_jobs = [seed_job(harness.db, harness.settings, n=800, tenant="big") for _ in range(3)]
+    threads = [harness.drive(runner, job_id)[0] for job_id in big_jobs]
+    time.sleep(0.5)
+    small = seed_job(harness.db, harness.settings, n=200, tenant="small")
+    small_thread, _ = harness.drive(runner, small)
+    held: list[int] = []  # the small tenant's items in the engine, sampled while it runs
+    while small_thread.is_alive():
+        handle = runner._handles.get(small)  # noqa: SLF001
+        if handle is not None:
+            held.append(handle.job_inflight())
+        time.sleep(0.01)
+    assert job_row(harness.db, small).status == "completed"
+    # Half the window, as the only other tenant's share; per job it would be a quarter.
+    steady = sorted(held)[len(held) // 2 :]
+    assert max(steady) >= 0.4 * runner.window, (runner.window, steady[-20:])
+    left = sum(job_row(harness.db, j).pending for j in big_jobs)
+    assert left > 1200, f"the big tenant was nearly done ({left} pending) before the small job"
+    for thread in threads:
+        thread.join(180)
+    for job_id in [*big_jobs, small]:
+        check_invariants(harness.db, job_id)
+
+
+def test_a_tenant_may_hold_only_so_many_task_threads(harness: Harness) -> None:
+    runner = harness.runner(engine_extra_args={"step_s": 0.004}, tenant_max_jobs_per_worker=2)
+    jobs = [seed_job(harness.db, harness.settings, n=300, tenant="big") for _ in range(3)]
+    first = [harness.drive(runner, job_id) for job_id in jobs[:2]]
+    time.sleep(0.3)
+    third_thread, third = harness.drive(runner, jobs[2])
+    third_thread.join(5)  # returns at once: the tenant holds its two slots
+    assert third[-1]["outcome"] == "not runnable here"
+    other = seed_job(harness.db, harness.settings, n=20, tenant="other")
+    other_thread, _ = harness.drive(runner, other)
+    other_thread.join(60)
+    assert job_row(harness.db, other).status == "completed"
+    for thread, _ in first:
+        thread.join(120)
+    # Nothing is lost: the refused job runs once a slot is free.
+    later_thread, _ = harness.drive(runner, jobs[2])
+    later_thread.join(120)
+    assert job_row(harness.db, jobs[2]).status == "completed"

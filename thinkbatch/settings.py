@@ -147,6 +147,13 @@ class Settings(BaseSettings):
     tenant_jobs_per_minute: int = Field(
         60, ge=1, description="Most jobs one tenant may submit in any 60 seconds (429)."
     )
+    tenant_max_jobs_per_worker: int = Field(
+        4,
+        ge=1,
+        description="Jobs of one tenant a worker drives at once (of WORKER_CONCURRENCY task "
+        "threads), so that another tenant's job always finds one; the engine is shared between "
+        "tenants equally, then by priority within a tenant.",
+    )
 
     # --- timeouts (they nest; see check_timeouts) -------------------------------------------
     item_deadline_s: float = Field(

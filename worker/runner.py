@@ -42,6 +42,7 @@ from thinkbatch.db import retry_transient
 from thinkbatch.ledger import Claimed
 from thinkbatch.ledger import Done
 from thinkbatch.ledger import Failed
+from thinkbatch.models import DEFAULT_TENANT
 from thinkbatch.models import ItemStatus
 from thinkbatch.models import JobStatus
 from thinkbatch.sampling import Sampling
@@ -73,6 +74,7 @@ class JobHandle:
     job_id: uuid.UUID
     weight: int
     params: dict[str, Any]
+    tenant: str = DEFAULT_TENANT
     inflight: int = 0  # handed to the engine, not yet returned
     unsettled: int = 0  # claimed, result not yet stored
     claim_open: bool = True
@@ -133,6 +135,22 @@ def _text_chars(item: Claimed) -> int:
 def _message(error: BaseException) -> str:
     """The error's own words for the item's record (its type when it has none)."""
     return str(error).strip() or type(error).__name__
+
+
+def fair_shares(window: int, handles: list[JobHandle]) -> dict[JobHandle, float]:
+    """Each handle's share of the engine's window: equal between tenants, then by priority
+    weight between one tenant's jobs. So a tenant's many jobs (or its high priorities) never
+    crowd out another tenant's one job: priority orders a tenant's own work."""
+    by_tenant: dict[str, list[JobHandle]] = {}
+    for handle in handles:
+        by_tenant.setdefault(handle.tenant, []).append(handle)
+    per_tenant = window / len(by_tenant)
+    shares: dict[JobHandle, float] = {}
+    for own in by_tenant.values():
+        total = sum(h.weight for h in own)
+        for handle in own:
+            shares[handle] = per_tenant * handle.weight / total
+    return shares
 
 
 def yield_cpu(nice: int = 10) -> None:
@@ -337,7 +355,7 @@ class Runner:
     def _attach(self, job_id: uuid.UUID) -> JobHandle | None:
         with self.db.connect() as conn:
             row = conn.execute(
-                sa.text("SELECT model, params, priority, status FROM jobs WHERE id = :id"),
+                sa.text("SELECT model, params, priority, status, tenant FROM jobs WHERE id = :id"),
                 {"id": job_id},
             ).first()
         if row is None or row.status not in ledger.RUNNABLE:
@@ -356,14 +374,34 @@ class Runner:
             current = self._handles.get(job_id)
             if (current is not None and current.claim_open) or self.stopping.is_set():
                 return None  # another task of this process already drives it
+            if self._tenant_full(row.tenant, job_id):
+                # Task threads are shared by all tenants: one with many jobs may not hold them
+                # all. The job keeps its pending items; the sweeper re-hints it (HINT_STALE_S)
+                # and an idle worker pulls it, by when a slot of its tenant may be free.
+                log.info("job %s waits: its tenant has as many jobs here as it may", job_id)
+                return None
             # A predecessor whose slice ended keeps its flights (they point at its handle) and
             # returns once they are stored; claiming for the job continues under this handle.
             handle = JobHandle(
-                job_id=job_id, weight=1 + row.priority, params=row.params or {}, predecessor=current
+                job_id=job_id,
+                weight=1 + row.priority,
+                params=row.params or {},
+                tenant=row.tenant,
+                predecessor=current,
             )
             self._handles[job_id] = handle
         self._wake.set()
         return handle
+
+    def _tenant_full(self, tenant: str, job_id: uuid.UUID) -> bool:
+        """Whether this tenant already has TENANT_MAX_JOBS_PER_WORKER other jobs open for
+        claims here (call with the lock held)."""
+        open_jobs = {
+            h.job_id
+            for h in self._handles.values()
+            if h.tenant == tenant and h.claim_open and h.job_id != job_id
+        }
+        return len(open_jobs) >= self.settings.tenant_max_jobs_per_worker
 
     def _job_state(self, job_id: uuid.UUID) -> ledger.JobState | None:
         with self.db.connect() as conn:
@@ -415,11 +453,11 @@ class Runner:
             self._claim_into(handle, n, suspects=False)
 
     def _pick(self, handles: list[JobHandle], free: int) -> tuple[JobHandle, int]:
-        """Weighted fair share: the job furthest below its share of the window goes next."""
-        total = sum(h.weight for h in handles)
+        """Fair share (see fair_shares): the job furthest below its share goes next."""
+        shares = fair_shares(self.window, handles)
         inflight = {h: h.job_inflight() for h in handles}
-        best = max(handles, key=lambda h: self.window * h.weight / total - inflight[h])
-        deficit = self.window * best.weight / total - inflight[best]
+        best = max(handles, key=lambda h: shares[h] - inflight[h])
+        deficit = shares[best] - inflight[best]
         # An engine running less than a full batch gets its whole window in one claim (a job's
         # start, or after a lull); afterwards chunks of claim_max keep its queue topped up.
         chunk = self.window if self._inflight < self.settings.max_num_seqs else self.claim_max
