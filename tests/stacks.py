@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from tests.conftest import ROOT
 from tests.conftest import TENANT
 from thinkbatch.keys import issue_key
+from thinkbatch.settings import DEMO_MODEL
 from thinkbatch.stack import CPU_ENGINE_DEFAULTS
 from thinkbatch.stack import Stack
 
@@ -110,7 +111,12 @@ class Client:
 
 
 def make_stack(log_dir: Path, database_url: str, redis_url: str, **env: str) -> Stack:
-    return Stack({"DATABASE_URL": database_url, "REDIS_URL": redis_url, **env}, log_dir)
+    """A stack whose every process (API included: it names the model jobs ask for) serves the
+    demo model, unless `env` says otherwise; MODEL's own default is a production model."""
+    return Stack(
+        {"DATABASE_URL": database_url, "REDIS_URL": redis_url, "MODEL": DEMO_MODEL, **env},
+        log_dir,
+    )
 
 
 def engine_for(url: str) -> sa.Engine:
