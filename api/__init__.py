@@ -39,6 +39,7 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     from api import access_log
     from api import auth
+    from api import dashboard
     from api import errors
     from api import health
     from api import jobs
@@ -53,6 +54,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(health.bp)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(openapi.bp)
+    dashboard.init_app(app)
     return app
 
 
