@@ -88,8 +88,11 @@ class ProgressReporter:
         return {**base, **outcome}
 
 
-class EngineInfo(bootsteps.Step):
+class EngineInfo(bootsteps.StartStopStep):
     """Adds `thinkbatch` (model, engine settings, items in flight) to the worker's stats."""
+
+    # Only a StartStopStep joins the list whose info() makes the stats; it starts nothing.
+    requires = ("celery.worker.components:Pool",)
 
     def info(self, parent: Any) -> dict[str, Any]:
         from worker import lifecycle

@@ -34,5 +34,7 @@ def run_job(self: Task, job_id: str) -> dict[str, Any]:
 
     reporter = ProgressReporter(job_id, send)
     with bind(job_id=job_id):
-        outcome = get_runner().drive(key, reporter)
-    return reporter.final(outcome)
+        log.info("driving the job")
+        result = reporter.final(get_runner().drive(key, reporter))
+        log.info("task ends at %s of the job's items", result.get("progress", "?"))
+    return result
