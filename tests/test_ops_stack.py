@@ -15,6 +15,7 @@ import httpx
 import pytest
 import redis
 
+from tests.browser import ARTIFACTS
 from tests.browser import Browser
 from tests.browser import find_chromium
 from tests.conftest import Servers
@@ -156,6 +157,9 @@ def test_flower_progress_metrics_and_dashboard(ops_stack: Any) -> None:
         )
         assert _sample(w, "thinkbatch_worker_items_in_engine") == 0
 
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        (ARTIFACTS / "api-metrics.txt").write_text(api_metrics)
+        (ARTIFACTS / "worker-metrics.txt").write_text(w)
         # Logs are JSON lines with ids, and no item text.
         api_log = api.log_text()
         assert re.search(r'"request_id": "[0-9a-f]{32}"', api_log)

@@ -35,12 +35,13 @@ MIN_GAP_S = 1.0
 
 def progress_result(job_id: str, done: int, total: int, items_per_s: float) -> dict[str, Any]:
     """The task's progress in the shape of its final result (tasks.run_job returns the same)."""
+    # Progress first: Flower's tasks table cuts a long result off at the column's width.
     return {
-        "job_id": job_id,
-        "done": done,
-        "total": total,
         "progress": f"{done}/{total}",
         "items_per_s": round(items_per_s, 2),
+        "done": done,
+        "total": total,
+        "job_id": job_id,
     }
 
 
