@@ -37,17 +37,24 @@ def create_app(settings: Settings | None = None) -> Flask:
         celery=make_celery(settings),
     )
 
+    from api import access_log
     from api import auth
+    from api import dashboard
     from api import errors
     from api import health
     from api import jobs
+    from api import metrics
     from api import openapi
 
     errors.init_app(app)
+    # Before auth: a refused request is timed, counted and logged like any other.
+    metrics.init_app(app)
+    access_log.init_app(app)
     auth.init_app(app)
     app.register_blueprint(health.bp)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(openapi.bp)
+    dashboard.init_app(app)
     return app
 
 

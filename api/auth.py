@@ -51,6 +51,26 @@ def public(view: F) -> F:
     return view
 
 
+def browser(view: F) -> F:
+    """Mark a dashboard page: its key comes from the HttpOnly cookie the login page sets (a
+    browser cannot send a bearer header on a page load); without a valid one it redirects to
+    the login page. JSON routes never read the cookie, so it cannot be used against them."""
+    view._thinkbatch_browser = True  # type: ignore[attr-defined]
+    return view
+
+
+def is_browser(app: Flask, endpoint: str | None) -> bool:
+    view = app.view_functions.get(endpoint or "")
+    return bool(getattr(view, "_thinkbatch_browser", False))
+
+
+class LoginRequired(Exception):
+    """A dashboard page without a valid key cookie: answered with a redirect to the login."""
+
+
+KEY_COOKIE = "thinkbatch_key"
+
+
 def is_public(app: Flask, endpoint: str | None) -> bool:
     view = app.view_functions.get(endpoint or "")
     return bool(getattr(view, "_thinkbatch_public", False))
@@ -125,6 +145,18 @@ def init_app(app: Flask) -> None:
         address = request.remote_addr or "unknown"
         limiter: FailureLimiter = app.extensions["thinkbatch_auth"]
         limiter.check(address)
+        if is_browser(current_app, request.endpoint):
+            key = request.cookies.get(KEY_COOKIE, "")
+            found = None
+            if key and len(key) <= MAX_KEY_CHARS:
+                with svc.sessions() as session:
+                    found = verify_key(session, key)
+                if found is None:
+                    limiter.failed(address)
+            if found is None:
+                raise LoginRequired()
+            g.thinkbatch_caller = found
+            return
         try:
             key = _bearer()
             with svc.sessions() as session:

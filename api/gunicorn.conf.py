@@ -7,9 +7,39 @@ waited out the timeout. A thread per request keeps the rest served, and api.body
 a thread waits on a silent client (REQUEST_READ_TIMEOUT_S).
 """
 
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 from thinkbatch.settings import Settings
 
 _settings = Settings()
+
+# Metrics of all worker processes (api/metrics.py): prometheus-client's multiprocess mode reads
+# PROMETHEUS_MULTIPROC_DIR when it is imported, which happens in each worker after the fork,
+# so setting it here (in the master, before any worker starts) reaches them all. The directory
+# is wiped at every start: files of a previous run would add stale counts.
+_metrics_dir = _settings.prometheus_multiproc_dir
+_own_metrics_dir = _metrics_dir is None
+if _metrics_dir is None:
+    _metrics_dir = Path(tempfile.mkdtemp(prefix="thinkbatch-api-metrics-"))
+shutil.rmtree(_metrics_dir, ignore_errors=True)
+Path(_metrics_dir).mkdir(parents=True, exist_ok=True)
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(_metrics_dir)
+
+
+def child_exit(server, worker):  # noqa: ANN001, ANN201 - gunicorn's hook signature
+    """A worker that exits leaves its gauge files behind; mark them dead (counters stay)."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server):  # noqa: ANN001, ANN201
+    if _own_metrics_dir:
+        shutil.rmtree(_metrics_dir, ignore_errors=True)
+
 
 worker_class = "gthread"
 workers = _settings.api_workers
@@ -19,5 +49,31 @@ threads = _settings.api_threads
 timeout = 300
 graceful_timeout = 30
 keepalive = 5
-accesslog = "-"
+# One JSON access line per request comes from the app (api/access_log.py, with the request
+# id); gunicorn's own lines (start, worker exits) go through the same formatter.
+accesslog = None
+logconfig_dict = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "json": {
+            "()": "thinkbatch.logging_setup.formatter",
+            "settings": _settings,
+            "component": "api",
+        }
+    },
+    "handlers": {
+        "stderr": {
+            "class": "logging.StreamHandler",
+            "formatter": "json",
+            "stream": "ext://sys.stderr",
+        }
+    },
+    # The root logger gets its handler in each worker (api/wsgi.py), not twice.
+    "root": {"level": "INFO", "handlers": []},
+    "loggers": {
+        "gunicorn.error": {"handlers": ["stderr"], "level": "INFO", "propagate": False},
+        "gunicorn.access": {"handlers": [], "level": "WARNING", "propagate": False},
+    },
+}
 bind = ["0.0.0.0:8000"]

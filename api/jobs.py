@@ -6,6 +6,7 @@ from flask import Blueprint
 from flask import Response
 from flask import stream_with_context
 
+from api import metrics
 from api import params
 from api import services
 from api.auth import caller
@@ -58,6 +59,7 @@ def create() -> tuple[dict[str, object], int]:
         job = service.create_job_from_stream(session, caller(), body, svc.settings)
         out = service.job_out(job)
         copies = service.fanout(job, svc.settings)
+    metrics.job_submitted(out.counts.total)
     # After the commit: a worker must find the rows. If Redis is down the job still stands;
     # the sweeper enqueues it once Redis is back.
     if publish_job(svc.celery, job.id, copies=copies):

@@ -32,7 +32,13 @@ PUBLIC = {
     "/openapi.json",
     "/docs",
     "/docs/assets/<path:name>",
+    # The dashboard's sign-in and sign-out: the form that takes a key, and dropping the cookie.
+    "/login",
+    "/logout",
 }
+# Dashboard pages: their key comes from the login cookie, and without one they send the
+# browser to the login page (api.auth.browser) instead of answering 401.
+BROWSER = {"/", "/jobs/<job_id>", "/jobs/<job_id>/timeline"}
 JOB = {"items": [{"custom_id": "a", "prompt": "hello"}, {"custom_id": "b", "prompt": "hi"}]}
 
 
@@ -60,6 +66,9 @@ def test_every_route_but_the_probes_refuses_an_anonymous_call(
         response = anonymous.open(url, method=method, json={})
         if rule in PUBLIC:
             assert response.status_code != 401, (method, rule)
+        elif rule in BROWSER:
+            assert response.status_code == 303, (method, rule, response.status_code)
+            assert response.headers["Location"].endswith("/login")
         else:
             assert response.status_code == 401, (method, rule, response.status_code)
             error = response.json["error"]

@@ -208,6 +208,30 @@ class Settings(BaseSettings):
     )
     db_pool_size: int = Field(5, ge=1, description="SQLAlchemy pool size per process.")
 
+    # --- operations: metrics and logs ------------------------------------------------------
+    worker_metrics_port: int = Field(
+        9101,
+        ge=0,
+        le=65535,
+        description="Port of a worker's Prometheus /metrics (0: off). One per worker process: "
+        "give each worker on a host its own, or 0 where several start at once.",
+    )
+    worker_metrics_host: str = Field(
+        "127.0.0.1",
+        description="Address the worker's metrics port listens on (0.0.0.0 in a container).",
+    )
+    prometheus_multiproc_dir: Path | None = Field(
+        None,
+        description="Directory where the API's gunicorn processes share metrics (wiped at "
+        "start). Unset: a fresh temporary directory per API start.",
+    )
+    log_format: Literal["json", "text"] = Field(
+        "json", description="Log lines of the API and the worker: JSON lines, or plain text."
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Lowest level logged by the API and the worker."
+    )
+
     @model_validator(mode="after")
     def check_timeouts(self) -> Settings:
         # An item must finish (or be aborted) before its lease lapses, and Redis must not hand a

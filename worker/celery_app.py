@@ -8,6 +8,9 @@ fork once vLLM and CUDA are loaded. The engine is created once, before the worke
 
 from __future__ import annotations
 
+from celery import signals
+
+from thinkbatch import logging_setup
 from thinkbatch.queue import make_celery
 from thinkbatch.settings import Settings
 
@@ -21,4 +24,15 @@ app.conf.update(
     include=["worker.tasks"],
 )
 
+
+@signals.setup_logging.connect
+def _configure_logging(**_: object) -> None:
+    # Ours instead of Celery's: JSON lines with job and item ids (thinkbatch.logging_setup).
+    logging_setup.configure(settings, "worker")
+
+
 from worker import lifecycle  # noqa: E402,F401 - connects the worker signals
+from worker.progress import EngineInfo  # noqa: E402
+
+# Model, engine settings and in-flight counts in the worker's stats (Flower's worker page).
+app.steps["worker"].add(EngineInfo)

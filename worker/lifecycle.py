@@ -18,6 +18,7 @@ from thinkbatch.db import make_engine
 from thinkbatch.queue import make_celery
 from thinkbatch.queue import publish_job
 from thinkbatch.settings import Settings
+from worker import metrics as worker_metrics
 from worker.engine import create_engine
 from worker.reaper import spawn_reaper
 from worker.reaper import watch_processes
@@ -33,6 +34,11 @@ _reaper: Any = None
 def get_runner() -> Runner:
     if _runner is None:
         raise RuntimeError("the engine is not loaded in this process")
+    return _runner
+
+
+def current_runner() -> Runner | None:
+    """The runner if the engine is loaded (for the worker's stats), else None."""
     return _runner
 
 
@@ -52,6 +58,7 @@ def load_engine(sender: Any = None, **_: Any) -> None:
         )
         _reaper, write_end = spawn_reaper()
         runner.start()
+        worker_metrics.serve(settings, runner)
         watched = watch_processes(write_end, exclude={_reaper.pid})
         log.info("engine processes under the reaper's watch: %s", watched)
     except Exception:

@@ -56,6 +56,7 @@ from worker.engine import EngineDead
 from worker.engine import Generation
 from worker.engine import ItemRejected
 from worker.engine import Prepared
+from worker.metrics import metrics
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ class JobHandle:
     weight: int
     params: dict[str, Any]
     tenant: str = DEFAULT_TENANT
+    created_at: float = 0.0  # the job's, as a Unix time (for the latency metrics)
     inflight: int = 0  # handed to the engine, not yet returned
     unsettled: int = 0  # claimed, result not yet stored
     claim_open: bool = True
@@ -203,6 +205,24 @@ class Runner:
         self._aside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare-large")
         self.loop = asyncio.new_event_loop()
         self.stats = {"claims": 0, "claimed": 0, "writes": 0, "written": 0}
+
+    def describe(self) -> dict[str, Any]:
+        """Model, engine settings and load, for the worker's stats (Flower) and metrics."""
+        s = self.settings
+        with self._lock:
+            jobs = {str(j): h.job_inflight() for j, h in self._handles.items()}
+        return {
+            "owner": self.owner,
+            "model": s.model_name,
+            "engine": s.engine,
+            "max_num_seqs": s.max_num_seqs,
+            "max_model_len": s.max_model_len,
+            "dtype": s.dtype,
+            "tensor_parallel_size": s.tensor_parallel_size,
+            "window": self.window,
+            "items_in_engine": self._inflight,
+            "jobs_in_flight": jobs,
+        }
 
     # --- life cycle -------------------------------------------------------------------------
 
@@ -355,7 +375,10 @@ class Runner:
     def _attach(self, job_id: uuid.UUID) -> JobHandle | None:
         with self.db.connect() as conn:
             row = conn.execute(
-                sa.text("SELECT model, params, priority, status, tenant FROM jobs WHERE id = :id"),
+                sa.text(
+                    "SELECT model, params, priority, status, tenant, created_at"
+                    " FROM jobs WHERE id = :id"
+                ),
                 {"id": job_id},
             ).first()
         if row is None or row.status not in ledger.RUNNABLE:
@@ -387,6 +410,7 @@ class Runner:
                 weight=1 + row.priority,
                 params=row.params or {},
                 tenant=row.tenant,
+                created_at=row.created_at.timestamp(),
                 predecessor=current,
             )
             self._handles[job_id] = handle
@@ -672,7 +696,12 @@ class Runner:
                 flight, item, flight.handle, "rejected", code=error.code, message=error.message
             )
         except Exception as error:  # noqa: BLE001 - an unexpected per-item failure is retried
-            log.warning("item %s failed in the engine: %r", item.id, error)
+            log.warning(
+                "item %s failed in the engine: %s",
+                item.id,
+                type(error).__name__,
+                extra={"job_id": str(item.job_id), "item_id": item.id},
+            )
             outcome = Outcome(
                 flight, item, flight.handle, "error", code="engine_error", message=repr(error)
             )
@@ -680,6 +709,10 @@ class Runner:
 
     def _settle(self, flight: Flight, outcome: Outcome) -> None:
         self._flights.discard(flight)
+        engine_s = time.monotonic() - flight.started
+        created = flight.handle.created_at
+        queued_s = time.time() - engine_s - created if created else None
+        metrics.left_engine(outcome.kind, engine_s, queued_s)
         with self._lock:
             self._inflight -= 1
             flight.handle.inflight -= 1
@@ -782,10 +815,14 @@ class Runner:
             else:  # shutdown
                 released.append(key)
 
+        stored: dict[str, Any] = {}  # what the fenced writes took, for the metrics
+
         def write() -> None:
             with self.db.begin() as conn:
-                ledger.complete(conn, self.owner, done)
-                ledger.fail(conn, self.owner, failed, max_attempts=self.settings.max_attempts)
+                stored["done"] = ledger.complete(conn, self.owner, done)
+                stored["failed"] = ledger.fail(
+                    conn, self.owner, failed, max_attempts=self.settings.max_attempts
+                )
                 for status, keys in ended.items():
                     ledger.end_items(
                         conn,
@@ -802,6 +839,7 @@ class Runner:
             retry_transient(write, should_stop=self._dead.is_set)
             self.stats["writes"] += 1
             self.stats["written"] += len(batch)
+            metrics.stored(done, failed, stored.get("done", set()), stored.get("failed", {}))
         except Exception:  # noqa: BLE001 - the leases lapse and the sweeper retries the items
             log.exception("could not store %d result(s)", len(batch))
         touched: set[JobHandle] = set()

@@ -3,39 +3,38 @@
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from typing import Any
 
 from celery import Task
 from celery import shared_task
 
+from thinkbatch.logging_setup import bind
 from thinkbatch.queue import RUN_JOB
 from worker.lifecycle import get_runner
+from worker.progress import ProgressReporter
 
 log = logging.getLogger(__name__)
 
 
-@shared_task(bind=True, name=RUN_JOB)
+# Results are kept (for RESULT_EXPIRES, a day): Flower's /api/task/result then reports the
+# final counts instead of PROGRESS forever. Postgres stays the truth; these are a display.
+@shared_task(bind=True, name=RUN_JOB, ignore_result=False)
 def run_job(self: Task, job_id: str) -> dict[str, Any]:
     try:
         key = uuid.UUID(job_id)
     except ValueError:
         log.error("ignoring a task for malformed job id %r", job_id)
         return {"job_id": job_id, "outcome": "malformed"}
-    last: list[Any] = [None, 0.0]
 
-    def report(done: int, total: int) -> None:
-        # Flower shows this custom state (PROGRESS) with its fields; Postgres stays the truth.
-        now = time.monotonic()
-        if last[0] == (done, total) and now - last[1] < 10:
-            return
-        last[0], last[1] = (done, total), now
-        meta = {"job_id": job_id, "done": done, "total": total}
-        try:
-            self.update_state(state="PROGRESS", meta=meta)
-            self.send_event("task-progress", **meta)
-        except Exception as error:  # noqa: BLE001 - progress is best effort
-            log.debug("progress not sent: %s", error)
+    def send(event: str, result: str) -> None:
+        self.send_event(event, result=result)
+        # The backend's copy answers /api/task/result while the task runs.
+        self.update_state(state="PROGRESS", meta=reporter.latest)
 
-    return get_runner().drive(key, report)
+    reporter = ProgressReporter(job_id, send)
+    with bind(job_id=job_id):
+        log.info("driving the job")
+        result = reporter.final(get_runner().drive(key, reporter))
+        log.info("task ends at %s of the job's items", result.get("progress", "?"))
+    return result

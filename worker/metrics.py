@@ -1,0 +1,167 @@
+"""Prometheus metrics of a worker process, served on its own port (WORKER_METRICS_PORT).
+
+A worker is one process (a threads pool, never prefork), so the default registry is enough:
+no multiprocess mode here, unlike the API under gunicorn. Counters count what the writer
+actually stored (the fenced writes' answer), so they match the jobs' counts in Postgres.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Collection
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+from typing import Any
+
+from prometheus_client import Counter
+from prometheus_client import Gauge
+from prometheus_client import Histogram
+from prometheus_client import Info
+from prometheus_client import start_http_server
+
+from thinkbatch.ledger import Done
+from thinkbatch.ledger import Failed
+from thinkbatch.settings import Settings
+
+if TYPE_CHECKING:
+    from worker.runner import Runner
+
+log = logging.getLogger(__name__)
+
+# Seconds an item spends in each phase: a reasoning model's answer takes seconds to minutes.
+LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+RATE_WINDOW_S = 30.0
+
+
+class WorkerMetrics:
+    def __init__(self) -> None:
+        self.succeeded = Counter(
+            "thinkbatch_worker_items_succeeded", "Items this worker stored as succeeded."
+        )
+        self.failed = Counter(
+            "thinkbatch_worker_items_failed",
+            "Items this worker stored as failed for good, by error code.",
+            ["code"],
+        )
+        self.retried = Counter(
+            "thinkbatch_worker_items_retried",
+            "Item attempts that failed here and went back to the queue, by error code.",
+            ["code"],
+        )
+        self.tokens = Counter(
+            "thinkbatch_worker_tokens",
+            "Tokens of the items this worker stored as succeeded, by kind "
+            "(prompt, completion, reasoning; reasoning tokens are part of completion).",
+            ["kind"],
+        )
+        for kind in ("prompt", "completion", "reasoning"):
+            self.tokens.labels(kind)
+        self.latency = Histogram(
+            "thinkbatch_worker_item_latency_seconds",
+            "Item latency by phase: queued (job created to engine), engine (in the engine), "
+            "total (job created to out of the engine).",
+            ["phase"],
+            buckets=LATENCY_BUCKETS,
+        )
+        self.in_engine = Gauge(
+            "thinkbatch_worker_items_in_engine", "Items handed to the engine, not yet back."
+        )
+        self.window = Gauge(
+            "thinkbatch_worker_inflight_window_items", "Most items this worker keeps in flight."
+        )
+        self.tokens_per_s = Gauge(
+            "thinkbatch_worker_completion_tokens_per_second",
+            f"Completion tokens stored per second over the last {RATE_WINDOW_S:g} s.",
+        )
+        self.items_per_s = Gauge(
+            "thinkbatch_worker_items_per_second",
+            f"Items stored as succeeded per second over the last {RATE_WINDOW_S:g} s.",
+        )
+        self.info = Info("thinkbatch_worker", "Model and engine this worker serves.")
+        self._recent: collections.deque[tuple[float, int, int]] = collections.deque()
+        self._lock = threading.Lock()
+        self.tokens_per_s.set_function(lambda: self._rate(1))
+        self.items_per_s.set_function(lambda: self._rate(2))
+
+    def _rate(self, index: int) -> float:
+        cutoff = time.monotonic() - RATE_WINDOW_S
+        with self._lock:
+            while self._recent and self._recent[0][0] < cutoff:
+                self._recent.popleft()
+            return sum(entry[index] for entry in self._recent) / RATE_WINDOW_S
+
+    def left_engine(self, kind: str, engine_s: float, queued_s: float | None) -> None:
+        """An item came out of the engine (the runner settles it)."""
+        if kind != "done":
+            return
+        self.latency.labels("engine").observe(engine_s)
+        if queued_s is not None:
+            self.latency.labels("queued").observe(queued_s)
+            self.latency.labels("total").observe(queued_s + engine_s)
+
+    def stored(
+        self,
+        done: Sequence[Done],
+        failed: Sequence[Failed],
+        stored_done: Collection[int],
+        failed_status: Mapping[int, str],
+    ) -> None:
+        """The writer stored a batch: count what the fenced writes accepted."""
+        kept = [d for d in done if d.item_id in stored_done]
+        completion = 0
+        for d in kept:
+            self.tokens.labels("prompt").inc(d.prompt_tokens)
+            self.tokens.labels("completion").inc(d.completion_tokens)
+            self.tokens.labels("reasoning").inc(d.reasoning_tokens)
+            completion += d.completion_tokens
+        self.succeeded.inc(len(kept))
+        for f in failed:
+            status = failed_status.get(f.item_id)
+            if status == "failed":
+                self.failed.labels(f.code).inc()
+            elif status == "pending":
+                self.retried.labels(f.code).inc()
+        with self._lock:
+            self._recent.append((time.monotonic(), completion, len(kept)))
+
+    def watch(self, runner: Runner) -> None:
+        """Read the runner's load when scraped."""
+        self.in_engine.set_function(lambda: runner._inflight)
+        self.window.set(runner.window)
+        described = runner.describe()
+        self.info.info(
+            {k: str(described[k]) for k in ("model", "engine", "max_num_seqs", "dtype", "owner")}
+        )
+
+
+metrics = WorkerMetrics()
+
+
+def serve(settings: Settings, runner: Runner) -> Any:
+    """Serve /metrics on WORKER_METRICS_PORT (0: off). A port in use is logged, not fatal:
+    losing the metrics must not cost a loaded engine."""
+    metrics.watch(runner)
+    if not settings.worker_metrics_port:
+        return None
+    try:
+        server, _thread = start_http_server(
+            settings.worker_metrics_port, addr=settings.worker_metrics_host
+        )
+    except OSError as error:
+        log.error(
+            "worker metrics not served on %s:%d: %s",
+            settings.worker_metrics_host,
+            settings.worker_metrics_port,
+            error,
+        )
+        return None
+    log.info(
+        "worker metrics on http://%s:%d/metrics",
+        settings.worker_metrics_host,
+        settings.worker_metrics_port,
+    )
+    return server
