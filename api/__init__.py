@@ -41,6 +41,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     from api import errors
     from api import health
     from api import jobs
+    from api import openai_batches
+    from api import openai_files
     from api import openapi
 
     errors.init_app(app)
@@ -48,6 +50,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(health.bp)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(openapi.bp)
+    app.register_blueprint(openai_files.bp)
+    app.register_blueprint(openai_batches.bp)
     return app
 
 
