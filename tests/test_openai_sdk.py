@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,6 +25,7 @@ from openai.types import Batch
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
+from tests.conftest import ROOT
 from tests.conftest import Servers
 from tests.conftest import recreate_database
 from tests.stacks import FAST_RECOVERY_ENV
@@ -377,3 +382,64 @@ def test_another_tenant_sees_no_file_or_batch(env: Env) -> None:
     ):
         with pytest.raises(openai.NotFoundError):
             call()
+
+
+# 12 --------------------------------------------------------------------------------------------
+def cli(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "thinkbatch.cli", *args],
+        cwd=ROOT,
+        env={**os.environ, "THINKBATCH_URL": env.url, "THINKBATCH_API_KEY": env.key},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_cli_end_to_end(env: Env, tmp_path: Path) -> None:
+    good = tmp_path / "good.jsonl"
+    good.write_bytes(jsonl([chat_line(f"g{i}", f"question {i}", think=True) for i in range(3)]))
+    run = cli(env, "submit", str(good), "--wait")
+    assert run.returncode == 0, run.stderr
+    batch_id = run.stdout.split()[0]
+    assert batch_id.startswith("batch_")
+    assert "completed 3/3 done, 0 failed" in run.stdout
+    assert "reasoning)" in run.stdout
+
+    out = tmp_path / "out.jsonl"
+    got = cli(env, "results", batch_id, "-o", str(out), "--format", "openai")
+    assert got.returncode == 0 and "3 lines written" in got.stdout
+    for line in out.read_text().splitlines():
+        assert ChatCompletion.model_validate(json.loads(line)["response"]["body"])
+
+    mixed = tmp_path / "native.jsonl"  # native item lines go through /v1/jobs
+    mixed.write_text(
+        json.dumps({"custom_id": "ok", "prompt": "hello"}) + "\n"
+        + json.dumps({"custom_id": "long", "prompt": "token " * 400}) + "\n"
+    )  # fmt: skip
+    run = cli(env, "submit", str(mixed), "--wait")
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert "completed 2/2 done, 1 failed" in run.stdout
+    job_id = run.stdout.split()[0]
+    native = tmp_path / "native-out.jsonl"
+    assert cli(env, "results", job_id, "-o", str(native)).returncode == 0
+    assert [json.loads(x)["status"] for x in native.read_text().splitlines()] == [
+        "succeeded",
+        "failed",
+    ]
+    status = cli(env, "status", job_id)
+    assert status.returncode == 3 and "1 failed" in status.stdout
+    assert job_id in cli(env, "list").stdout
+
+    missing = cli(env, "status", "batch_" + "0" * 32)
+    assert missing.returncode == 1
+    assert missing.stderr.count("\n") == 1 and "404" in missing.stderr
+    assert cli(env, "submit", str(tmp_path / "absent.jsonl")).returncode == 1
+    assert cli(env, "no-such-command").returncode == 2
+
+    hang = tmp_path / "hang.jsonl"
+    hang.write_bytes(jsonl([chat_line("h", "[[hang]]")]))
+    batch_id = cli(env, "submit", str(hang)).stdout.split()[0]
+    assert cli(env, "cancel", batch_id).returncode == 0
+    watched = cli(env, "status", batch_id, "--watch")
+    assert watched.returncode == 4 and "cancelled" in watched.stdout
