@@ -39,7 +39,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help=__doc__.split("\n\n")[0],
 )
-out = Console()
+out = Console(soft_wrap=True)  # a line per record: never wrapped at 80 columns in a pipe
 
 
 class CliError(Exception):
