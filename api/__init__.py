@@ -44,6 +44,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     from api import health
     from api import jobs
     from api import metrics
+    from api import openai_batches
+    from api import openai_files
     from api import openapi
 
     errors.init_app(app)
@@ -55,6 +57,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(jobs.bp)
     app.register_blueprint(openapi.bp)
     dashboard.init_app(app)
+    app.register_blueprint(openai_files.bp)
+    app.register_blueprint(openai_batches.bp)
     return app
 
 

@@ -48,11 +48,12 @@ NDJSON = "application/x-ndjson"
 ERRORS: dict[int, str] = {
     400: "Invalid request: `param` names the field or query parameter at fault.",
     401: "No API key, or an invalid or revoked one (`Authorization: Bearer <key>`).",
-    404: "No such job (or route). Another tenant's job is not found either.",
+    404: "No such job, batch or file (or route). Another tenant's is not found either.",
     408: "The request body stalled (no bytes for REQUEST_READ_TIMEOUT_S).",
     409: "The job is already finished.",
-    413: "The request body is larger than MAX_REQUEST_BYTES.",
-    415: "The body is not declared `application/json` (charset utf-8).",
+    413: "The request body is larger than MAX_REQUEST_BYTES (an uploaded file: MAX_FILE_BYTES).",
+    415: "The body is not declared `application/json` (charset utf-8), or for an upload "
+    "`multipart/form-data`.",
     429: "Too many failed authentications from this address, or a tenant quota is reached; "
     "see `Retry-After`.",
     500: "Internal error.",
@@ -76,6 +77,10 @@ class Doc:
     errors: tuple[int, ...] = ()
     tags: tuple[str, ...] = ()
     notes: dict[int, str] = field(default_factory=dict)
+    # Path parameters that are not job ids (a file's `file-...`, a batch's `batch_...`).
+    path: dict[str, tuple[dict[str, Any], str]] = field(default_factory=dict)
+    body_media: str = "application/json"
+    headers: tuple[Query, ...] = ()  # request headers, e.g. Idempotency-Key
 
 
 def describe(doc: Doc) -> Callable[[F], F]:
@@ -141,8 +146,8 @@ def _operation(
                 "name": name,
                 "in": "path",
                 "required": True,
-                "schema": {"type": "string", "format": "uuid"},
-                "description": "A job id.",
+                "schema": doc.path.get(name, ({"type": "string", "format": "uuid"},))[0],
+                "description": doc.path.get(name, ({}, "A job id."))[1],
             }
             for name in re.findall(r"{([^}]+)}", path)
         ]
@@ -150,13 +155,18 @@ def _operation(
             {"name": q.name, "in": "query", "required": False, "schema": q.schema}
             | {"description": q.description}
             for q in doc.query
+        ]
+        + [
+            {"name": h.name, "in": "header", "required": False, "schema": h.schema}
+            | {"description": h.description}
+            for h in doc.headers
         ],
         "responses": {},
     }
     if doc.body is not None:
         op["requestBody"] = {
             "required": True,
-            "content": {"application/json": {"schema": refs[(doc.body, "validation")]}},
+            "content": {doc.body_media: {"schema": refs[(doc.body, "validation")]}},
         }
     for status, answer in doc.responses.items():
         description = doc.notes.get(status, "OK")

@@ -337,6 +337,12 @@ def job_out(job: Job) -> JobOut:
 
 
 def parse_job_id(raw: str) -> uuid.UUID:
+    # A batch of the OpenAI API is a job: `batch_<hex>` names the same job as its UUID.
+    if raw.startswith("batch_"):
+        digits = raw[len("batch_") :]
+        if len(digits) != 32 or digits.strip("0123456789abcdef"):
+            raise NotFound(raw)
+        return uuid.UUID(digits)
     try:
         return uuid.UUID(raw)
     except ValueError:
@@ -515,6 +521,8 @@ def cancel_job(session: orm.Session, caller: Caller, job_id: uuid.UUID) -> Job:
     # Cancelling twice while the first cancel is under way is fine; a finished job is a 409.
     if not changed and status != JobStatus.cancelling:
         raise Conflict(f"job {job_id} is already {status}; only queued or running jobs cancel")
+    if changed:  # when the cancel was asked, shown as a batch's `cancelling_at`
+        session.execute(sa.update(Job).where(Job.id == job_id).values(cancelling_at=sa.func.now()))
     session.commit()
     job = get_job(session, caller, job_id)
     session.refresh(job)

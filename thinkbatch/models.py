@@ -133,6 +133,17 @@ class Job(Base):
         sa.BigInteger, default=0, server_default="0"
     )
 
+    # A job made through the OpenAI Batch API (`endpoint` set) and what that API shows of it.
+    endpoint: orm.Mapped[str | None] = orm.mapped_column(sa.String(32))
+    input_file_id: orm.Mapped[uuid.UUID | None]
+    completion_window_text: orm.Mapped[str | None] = orm.mapped_column(sa.String(16))
+    idempotency_key: orm.Mapped[str | None] = orm.mapped_column(sa.String(255))
+    cancelling_at: orm.Mapped[datetime | None]
+    batch_errors: orm.Mapped[list[dict[str, Any]] | None] = orm.mapped_column(JSONB)
+    # Set once the job is finished (its output is then fixed); see thinkbatch/batches.py.
+    output_file_id: orm.Mapped[uuid.UUID | None]
+    error_file_id: orm.Mapped[uuid.UUID | None]
+
     __table_args__ = (
         # Newest-first listing (a tenant's own) and the sweeper's scan of live jobs.
         sa.Index("ix_jobs_created_at_id", "created_at", "id"),
@@ -141,6 +152,21 @@ class Job(Base):
             "ix_jobs_active",
             "status",
             postgresql_where=sa.text("status IN ('queued', 'running', 'cancelling')"),
+        ),
+        # A repeated Idempotency-Key of a tenant finds its batch; the index makes it unique.
+        sa.Index(
+            "ix_jobs_tenant_idempotency_key",
+            "tenant",
+            "idempotency_key",
+            unique=True,
+            postgresql_where=sa.text("idempotency_key IS NOT NULL"),
+        ),
+        sa.Index(
+            "ix_jobs_batches",
+            "tenant",
+            "created_at",
+            "id",
+            postgresql_where=sa.text("endpoint IS NOT NULL"),
         ),
     )
 
@@ -237,3 +263,45 @@ class ApiKey(Base):
     key_hash: orm.Mapped[bytes] = orm.mapped_column(sa.LargeBinary(32))
     created_at: orm.Mapped[datetime] = orm.mapped_column(default=_utcnow)
     revoked_at: orm.Mapped[datetime | None]
+
+
+class FileKind(enum.StrEnum):
+    upload = "upload"  # bytes stored in file_chunks
+    output = "output"  # a batch's output file, streamed from its results
+    error = "error"  # a batch's error file, streamed from its results
+
+
+class File(Base):
+    """A file of the OpenAI Files API. An upload's bytes are rows of `file_chunks`; a batch's
+    output and error files hold no bytes and are rendered from the results on each read."""
+
+    __tablename__ = "files"
+
+    id: orm.Mapped[uuid.UUID] = orm.mapped_column(primary_key=True, default=uuid.uuid4)
+    tenant: orm.Mapped[str] = orm.mapped_column(sa.String(64))
+    kind: orm.Mapped[FileKind] = orm.mapped_column(_status_enum(FileKind, "kind"))
+    purpose: orm.Mapped[str] = orm.mapped_column(sa.String(32))
+    filename: orm.Mapped[str] = orm.mapped_column(sa.String(256))
+    bytes: orm.Mapped[int] = orm.mapped_column(sa.BigInteger)
+    job_id: orm.Mapped[uuid.UUID | None] = orm.mapped_column(
+        sa.ForeignKey("jobs.id", ondelete="CASCADE")
+    )
+    created_at: orm.Mapped[datetime] = orm.mapped_column(default=_utcnow)
+    expires_at: orm.Mapped[datetime | None]
+    # A deleted file is gone for its tenant; the row stays so a batch never re-creates it.
+    deleted_at: orm.Mapped[datetime | None]
+
+    __table_args__ = (
+        sa.Index("ix_files_tenant_created_at_id", "tenant", "created_at", "id"),
+        sa.UniqueConstraint("job_id", "kind"),
+    )
+
+
+class FileChunk(Base):
+    __tablename__ = "file_chunks"
+
+    file_id: orm.Mapped[uuid.UUID] = orm.mapped_column(
+        sa.ForeignKey("files.id", ondelete="CASCADE"), primary_key=True
+    )
+    seq: orm.Mapped[int] = orm.mapped_column(primary_key=True)
+    data: orm.Mapped[bytes] = orm.mapped_column(sa.LargeBinary)

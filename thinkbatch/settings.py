@@ -109,6 +109,27 @@ class Settings(BaseSettings):
         7 * 86400, ge=1, description="Largest completion_window a job may ask for."
     )
 
+    # --- OpenAI Files and Batches API ---------------------------------------------------------
+    max_file_bytes: int = Field(
+        200 * 1024 * 1024,
+        ge=1,
+        description="Largest file `POST /v1/files` stores (413 above); OpenAI's batch limit.",
+    )
+    file_chunk_bytes: int = Field(
+        1024 * 1024,
+        ge=1024,
+        description="An uploaded file is stored as rows of this many bytes, written as it is read.",
+    )
+    batch_hour_s: float = Field(
+        3600,
+        gt=0,
+        description="Seconds in one hour of a batch's `completion_window` (`24h`); only tests "
+        "shorten it.",
+    )
+    max_batch_errors: int = Field(
+        100, ge=1, description="Line errors collected before a batch's input file is refused."
+    )
+
     # --- API server (gunicorn, see api/gunicorn.conf.py) -------------------------------------
     api_workers: int = Field(2, ge=1, description="API worker processes (gunicorn).")
     api_threads: int = Field(

@@ -1,0 +1,3 @@
+from thinkbatch.cli.main import run
+
+run()

@@ -1,0 +1,249 @@
+"""Files of the OpenAI Files API, kept in Postgres: store, read, list, delete.
+
+An upload is written as rows of FILE_CHUNK_BYTES in `file_chunks` while it is read, so the API
+holds one chunk in memory however large the file, and reads stream the rows back through a
+server-side cursor. A batch's output and error files store no bytes: they are rendered from the
+batch's results on each read (thinkbatch/batches.py), their size computed once when the batch
+finished. Every query is scoped by the caller's tenant: another tenant's file is not found.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from datetime import UTC
+from datetime import datetime
+from datetime import timedelta
+from typing import Any
+from typing import BinaryIO
+
+import sqlalchemy as sa
+from sqlalchemy import orm
+
+from thinkbatch.jobs import InvalidRequest
+from thinkbatch.jobs import NotFound
+from thinkbatch.keys import Caller
+from thinkbatch.models import File
+from thinkbatch.models import FileChunk
+from thinkbatch.models import FileKind
+from thinkbatch.settings import Settings
+
+UPLOAD_PURPOSES = ("batch",)
+EXPIRES_MIN_S, EXPIRES_MAX_S = 3600, 2592000  # OpenAI's bounds of expires_after.seconds
+_FILE_ID = re.compile(r"file-([0-9a-f]{32})")
+
+
+class FileNotFound(NotFound):
+    pass
+
+
+class FileTooLarge(Exception):
+    def __init__(self, limit: int):
+        super().__init__(f"file: larger than the limit of {limit} bytes (MAX_FILE_BYTES)")
+        self.limit = limit
+
+
+def file_id(key: uuid.UUID) -> str:
+    return f"file-{key.hex}"
+
+
+def parse_file_id(raw: str) -> uuid.UUID:
+    match = _FILE_ID.fullmatch(raw)
+    if match is None:
+        raise FileNotFound(raw)
+    return uuid.UUID(match.group(1))
+
+
+def _unix(value: datetime | None) -> int | None:
+    return int(value.timestamp()) if value is not None else None
+
+
+def file_out(f: File) -> dict[str, Any]:
+    return {
+        "id": file_id(f.id),
+        "object": "file",
+        "bytes": f.bytes,
+        "created_at": _unix(f.created_at),
+        "filename": f.filename,
+        "purpose": f.purpose,
+        "status": "processed",
+        "expires_at": _unix(f.expires_at),
+    }
+
+
+def _visible(caller: Caller) -> list[sa.ColumnElement[bool]]:
+    return [
+        File.tenant == caller.tenant,
+        File.deleted_at.is_(None),
+        sa.or_(File.expires_at.is_(None), File.expires_at > sa.func.now()),
+    ]
+
+
+def get_file(session: orm.Session, caller: Caller, key: uuid.UUID) -> File:
+    found = session.scalar(sa.select(File).where(File.id == key, *_visible(caller)))
+    if found is None:
+        raise FileNotFound(file_id(key))
+    return found
+
+
+def check_expires_after(anchor: str | None, seconds: str | None) -> int | None:
+    """`expires_after[anchor]` and `expires_after[seconds]` of the form, as seconds."""
+    if anchor is None and seconds is None:
+        return None
+    if anchor != "created_at":
+        raise InvalidRequest(
+            "expires_after.anchor: must be 'created_at'", param="expires_after.anchor"
+        )
+    if (
+        seconds is None
+        or not re.fullmatch(r"[0-9]{1,9}", seconds)
+        or not (EXPIRES_MIN_S <= int(seconds) <= EXPIRES_MAX_S)
+    ):
+        raise InvalidRequest(
+            f"expires_after.seconds: must be an integer from {EXPIRES_MIN_S} to {EXPIRES_MAX_S}",
+            param="expires_after.seconds",
+        )
+    return int(seconds)
+
+
+def check_filename(name: str | None) -> str:
+    name = name or "upload.jsonl"
+    if "\x00" in name:
+        raise InvalidRequest("file: the filename must not contain NUL", param="file")
+    return name[-256:]
+
+
+def store_upload(
+    session: orm.Session,
+    caller: Caller,
+    stream: BinaryIO,
+    *,
+    filename: str,
+    purpose: str,
+    expires_after_s: int | None,
+    settings: Settings,
+) -> File:
+    """Write the stream as chunk rows, reading one chunk at a time; FileTooLarge past
+    MAX_FILE_BYTES (the caller's transaction then rolls back)."""
+    if purpose not in UPLOAD_PURPOSES:
+        raise InvalidRequest(
+            f"purpose: must be one of {', '.join(UPLOAD_PURPOSES)}", param="purpose"
+        )
+    now = datetime.now(UTC)
+    record = File(
+        id=uuid.uuid4(),
+        tenant=caller.tenant,
+        kind=FileKind.upload,
+        purpose=purpose,
+        filename=filename,
+        bytes=0,
+        created_at=now,
+        expires_at=now + timedelta(seconds=expires_after_s) if expires_after_s else None,
+    )
+    session.add(record)
+    session.flush()
+    total = seq = 0
+    while chunk := _read_full(stream, settings.file_chunk_bytes):
+        total += len(chunk)
+        if total > settings.max_file_bytes:
+            raise FileTooLarge(settings.max_file_bytes)
+        session.execute(sa.insert(FileChunk).values(file_id=record.id, seq=seq, data=chunk))
+        seq += 1
+    record.bytes = total
+    session.flush()
+    return record
+
+
+def _read_full(stream: BinaryIO, size: int) -> bytes:
+    """Up to `size` bytes: a stream's read may return less before its end."""
+    parts: list[bytes] = []
+    want = size
+    while want > 0:
+        part = stream.read(want)
+        if not part:
+            break
+        parts.append(part)
+        want -= len(part)
+    return b"".join(parts)
+
+
+def iter_chunks(engine: sa.Engine, key: uuid.UUID) -> Iterator[bytes]:
+    """An upload's bytes, chunk by chunk, through a server-side cursor."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(FileChunk.data)
+            .where(FileChunk.file_id == key)
+            .order_by(FileChunk.seq)
+            .execution_options(yield_per=1)
+        )
+        for (data,) in rows:
+            yield bytes(data)
+
+
+def iter_lines(engine: sa.Engine, key: uuid.UUID) -> Iterator[bytes]:
+    """An upload's lines (without their line ends), one chunk in memory at a time."""
+    rest = b""
+    for chunk in iter_chunks(engine, key):
+        lines = (rest + chunk).split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            yield line.removesuffix(b"\r")
+    if rest:
+        yield rest.removesuffix(b"\r")
+
+
+def list_files(
+    session: orm.Session,
+    caller: Caller,
+    *,
+    after: str | None,
+    limit: int,
+    order: str,
+    purpose: str | None,
+) -> dict[str, Any]:
+    query = sa.select(File).where(*_visible(caller))
+    if purpose:
+        query = query.where(File.purpose == purpose)
+    newest_first = order == "desc"
+    key = (File.created_at, File.id)
+    if after:
+        anchor = session.scalar(
+            sa.select(File).where(File.id == parse_after(after), File.tenant == caller.tenant)
+        )
+        if anchor is None:
+            raise InvalidRequest(f"after: no file {after!r}", param="after")
+        cursor = sa.tuple_(*key)
+        bound = sa.tuple_(anchor.created_at, anchor.id)
+        query = query.where(cursor < bound if newest_first else cursor > bound)
+    ordering = [k.desc() for k in key] if newest_first else list(key)
+    found = list(session.scalars(query.order_by(*ordering).limit(limit + 1)))
+    return page([file_out(f) for f in found[:limit]], has_more=len(found) > limit)
+
+
+def parse_after(raw: str) -> uuid.UUID:
+    match = _FILE_ID.fullmatch(raw)
+    if match is None:
+        raise InvalidRequest("after: must be the id of a file (file-...)", param="after")
+    return uuid.UUID(match.group(1))
+
+
+def page(data: list[dict[str, Any]], *, has_more: bool) -> dict[str, Any]:
+    """OpenAI's cursor page."""
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }
+
+
+def delete_file(session: orm.Session, caller: Caller, key: uuid.UUID) -> dict[str, Any]:
+    """Gone for its tenant at once; an upload's bytes are removed, the row stays (so that a
+    finished batch never renders a deleted output file again)."""
+    found = get_file(session, caller, key)
+    found.deleted_at = datetime.now(UTC)
+    session.execute(sa.delete(FileChunk).where(FileChunk.file_id == key))
+    session.flush()
+    return {"id": file_id(key), "object": "file", "deleted": True}

@@ -1,0 +1,124 @@
+"""Wire models of the OpenAI-compatible routes, as the API answers them (and documents them in
+/openapi.json). Their shapes are OpenAI's (`openai.types.FileObject`, `Batch`, ...); the
+acceptance tests validate answers with the official SDK's own types."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel
+from pydantic import Field
+
+
+class FileUpload(BaseModel):
+    """POST /v1/files (multipart/form-data)."""
+
+    file: bytes = Field(description="The JSONL file (at most MAX_FILE_BYTES).")
+    purpose: Literal["batch"]
+
+
+class FileObject(BaseModel):
+    id: str
+    object: Literal["file"]
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: Literal["batch", "batch_output"]
+    status: Literal["processed"]
+    expires_at: int | None
+
+
+class FileList(BaseModel):
+    object: Literal["list"]
+    data: list[FileObject]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class FileDeleted(BaseModel):
+    id: str
+    object: Literal["file"]
+    deleted: bool
+
+
+class BatchError(BaseModel):
+    code: str
+    line: int | None
+    message: str
+    param: str | None
+
+
+class BatchErrors(BaseModel):
+    object: Literal["list"]
+    data: list[BatchError]
+
+
+class RequestCounts(BaseModel):
+    total: int
+    completed: int
+    failed: int
+
+
+class InputTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int
+
+
+class BatchUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+class Batch(BaseModel):
+    id: str
+    object: Literal["batch"]
+    endpoint: str
+    model: str
+    errors: BatchErrors | None
+    input_file_id: str
+    completion_window: str
+    status: Literal[
+        "validating", "failed", "in_progress", "finalizing", "completed", "expired",
+        "cancelling", "cancelled",
+    ]  # fmt: skip
+    output_file_id: str | None
+    error_file_id: str | None
+    created_at: int
+    in_progress_at: int | None
+    expires_at: int | None
+    finalizing_at: int | None
+    completed_at: int | None
+    failed_at: int | None
+    expired_at: int | None
+    cancelling_at: int | None
+    cancelled_at: int | None
+    request_counts: RequestCounts
+    usage: BatchUsage
+    metadata: dict[str, str] | None
+
+
+class BatchList(BaseModel):
+    object: Literal["list"]
+    data: list[Batch]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class Model(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int | None
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[Model]
