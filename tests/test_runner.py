@@ -281,7 +281,8 @@ def test_graceful_shutdown_releases_items(harness: Harness) -> None:
     assert not thread.is_alive()
     row = job_row(harness.db, job_id)
     assert row.running == 0 and row.pending > 0  # released, not lost
-    assert harness.published == [job_id]  # and handed on to another worker
+    # Handed on to another worker (the sweeper may re-hint it too when the host is slow).
+    assert harness.published and set(harness.published) == {job_id}
     with harness.db.connect() as conn:
         refunded = conn.execute(
             sa.text("SELECT count(*) FROM items WHERE status = 'pending' AND attempts > 0")
