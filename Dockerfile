@@ -13,6 +13,8 @@ COPY worker ./worker
 COPY demo ./demo
 COPY bench ./bench
 COPY migrations ./migrations
+# Flower's Tasks page columns: the job id (args) and its progress (result).
+COPY flowerconfig.py ./
 # The project itself; its dependencies carry their bounds in pyproject.toml.
 # hadolint ignore=DL3013
 RUN pip install ".[api,worker]"

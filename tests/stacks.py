@@ -114,7 +114,14 @@ def make_stack(log_dir: Path, database_url: str, redis_url: str, **env: str) -> 
     """A stack whose every process (API included: it names the model jobs ask for) serves the
     demo model, unless `env` says otherwise; MODEL's own default is a production model."""
     return Stack(
-        {"DATABASE_URL": database_url, "REDIS_URL": redis_url, "MODEL": DEMO_MODEL, **env},
+        # No metrics port unless a test asks for one: several workers share this host.
+        {
+            "DATABASE_URL": database_url,
+            "REDIS_URL": redis_url,
+            "MODEL": DEMO_MODEL,
+            "WORKER_METRICS_PORT": "0",
+            **env,
+        },
         log_dir,
     )
 
