@@ -22,6 +22,8 @@ from sqlalchemy import orm
 from thinkbatch import ingest
 from thinkbatch import ledger
 from thinkbatch import quotas
+from thinkbatch.budgets import BudgetCheck
+from thinkbatch.budgets import BudgetConflict
 from thinkbatch.keys import Caller
 from thinkbatch.limits import range_text
 from thinkbatch.models import Item
@@ -94,6 +96,7 @@ class _Items:
         self.settings = settings
         self.ids: dict[str, int] = {}  # custom_id -> index; generated ones are negative
         self.count = 0
+        self.budgets = BudgetCheck(settings.default_max_tokens)
 
     def row(self, index: int, item: ItemIn) -> tuple[object, ...]:
         if index >= self.settings.max_items_per_job:
@@ -106,6 +109,10 @@ class _Items:
             _check_max_tokens(
                 item.params.max_tokens, f"items[{index}].params.max_tokens", self.settings
             )
+        try:
+            self.budgets.item(index, item.params)
+        except BudgetConflict as error:
+            raise InvalidRequest(error.message, param=error.param) from None
         custom_id = item.custom_id
         if custom_id is None:
             custom_id = f"item-{index}"
@@ -144,6 +151,13 @@ class _Items:
             json.dumps(params) if params else None,
             ItemStatus.pending.value,
         )
+
+    def finish(self, header: JobHeader) -> None:
+        """The checks that need the job's params and every item (streamed in any order)."""
+        try:
+            self.budgets.finish(header.params)
+        except BudgetConflict as error:
+            raise InvalidRequest(error.message, param=error.param) from None
 
     def _check_size(self, index: int, item: ItemIn) -> None:
         # Bounded here, at submit: a 5 MB prompt would cost the worker seconds of tokenizing
@@ -221,6 +235,7 @@ def create_job(session: orm.Session, caller: Caller, spec: JobCreate, settings: 
     job = _new_job(session, caller, settings)
     items = _Items(job.id, settings)
     _copy(session, (items.row(i, item) for i, item in enumerate(spec.items)))
+    items.finish(spec)
     _apply_header(session, job, spec, settings)
     return job
 
@@ -261,6 +276,7 @@ def create_job_from_stream(
         message = _body_message(error, settings)
         raise InvalidRequest(message, param=error.param, code=error.code) from None
     _check_header(header, settings)
+    items.finish(header)
     _apply_header(session, job, header, settings)
     return job
 

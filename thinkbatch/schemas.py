@@ -52,6 +52,7 @@ class SamplingParamsIn(BaseModel):
     )
     presence_penalty: float | None = SAMPLING_LIMITS["presence_penalty"].field()
     repetition_penalty: float | None = SAMPLING_LIMITS["repetition_penalty"].field()
+    thinking_budget: int | None = SAMPLING_LIMITS["thinking_budget"].field()
     enable_thinking: bool | None = None
     ignore_eos: bool | None = None
 
