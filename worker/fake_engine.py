@@ -218,6 +218,10 @@ class FakeEngine:
                     still.append(seq)
             self._running = still
 
+    def speculative_stats(self) -> None:
+        """No speculation here (the vLLM engine reports its figures)."""
+        return None
+
     async def shutdown(self) -> None:
         if self._loop_task is not None:
             self._loop_task.cancel()
