@@ -31,6 +31,12 @@ LIMIT = Query(
     {"type": "integer", "minimum": 1, "maximum": params.MAX_PAGE, "default": params.DEFAULT_PAGE},
     "Page size, in plain ASCII digits.",
 )
+INCLUDE_THINKING = Query(
+    "include_thinking",
+    {"type": "string", "enum": ["true", "false"], "default": "true"},
+    "`false` leaves the reasoning out: `thinking` is null in every record, and the database "
+    "does not read it. For downloads of answers only.",
+)
 STATUS = Query(
     "status",
     {"type": "string", "enum": [s.value for s in ItemStatus]},
@@ -88,12 +94,20 @@ def list_() -> dict[str, object]:
 
 
 @bp.get("/<job_id>")
-@describe(Doc(summary="A job.", responses={200: JobOut}, errors=(404,), tags=("jobs",)))
+@describe(
+    Doc(
+        summary="A job, with its thinking statistics (`stats`).",
+        responses={200: JobOut},
+        notes={200: "The job; `stats` is computed from its results as they are now."},
+        errors=(404,),
+        tags=("jobs",),
+    )
+)
 def get(job_id: str) -> dict[str, object]:
     svc = services()
     with svc.sessions() as session:
-        job = service.get_job(session, caller(), service.parse_job_id(job_id))
-        return service.job_out(job).model_dump(mode="json")
+        out = service.job_with_stats(session, caller(), service.parse_job_id(job_id))
+    return out.model_dump(mode="json")
 
 
 @bp.get("/<job_id>/items")
@@ -104,6 +118,7 @@ def get(job_id: str) -> dict[str, object]:
             STATUS,
             Query("after", {"type": "string"}, "The last custom_id of the page before."),
             LIMIT,
+            INCLUDE_THINKING,
         ),
         responses={200: ItemPage},
         errors=(400, 404),
@@ -114,6 +129,7 @@ def items(job_id: str) -> dict[str, object]:
     svc = services()
     status = service.parse_item_status(params.status())
     after, limit = params.item_cursor(), params.limit()
+    include_thinking = params.include_thinking()
     with svc.sessions() as session:
         page = service.items_page(
             session,
@@ -122,6 +138,7 @@ def items(job_id: str) -> dict[str, object]:
             status=status,
             after=after,
             limit=limit,
+            include_thinking=include_thinking,
         )
     return page.model_dump(mode="json")
 
@@ -130,7 +147,7 @@ def items(job_id: str) -> dict[str, object]:
 @describe(
     Doc(
         summary="Every item record of the job, one JSON object (ItemOut) per line.",
-        query=(STATUS,),
+        query=(STATUS, INCLUDE_THINKING),
         responses={200: NDJSON},
         notes={200: "NDJSON: one `ItemOut` object per line, in submission order."},
         errors=(400, 404),
@@ -140,8 +157,11 @@ def items(job_id: str) -> dict[str, object]:
 def results(job_id: str) -> Response:
     svc = services()
     status = service.parse_item_status(params.status())
+    include_thinking = params.include_thinking()
     key = service.parse_job_id(job_id)
-    stream = service.iter_results(svc.engine, caller(), key, status=status)  # 404 before it starts
+    stream = service.iter_results(  # 404 before it starts
+        svc.engine, caller(), key, status=status, include_thinking=include_thinking
+    )
     return Response(stream_with_context(stream), mimetype="application/x-ndjson")
 
 

@@ -22,6 +22,7 @@ from sqlalchemy import orm
 from thinkbatch import ingest
 from thinkbatch import ledger
 from thinkbatch import quotas
+from thinkbatch import stats
 from thinkbatch.budgets import BudgetCheck
 from thinkbatch.budgets import BudgetConflict
 from thinkbatch.keys import Caller
@@ -40,6 +41,7 @@ from thinkbatch.schemas import JobCreate
 from thinkbatch.schemas import JobHeader
 from thinkbatch.schemas import JobOut
 from thinkbatch.schemas import JobPage
+from thinkbatch.schemas import JobStats
 from thinkbatch.schemas import Message
 from thinkbatch.schemas import Usage
 from thinkbatch.settings import Settings
@@ -319,7 +321,7 @@ def fanout(job: Job, settings: Settings) -> int:
     return max(1, min(settings.job_fanout, math.ceil(job.total / settings.fanout_items)))
 
 
-def job_out(job: Job) -> JobOut:
+def job_out(job: Job, stats: JobStats | None = None) -> JobOut:
     return JobOut(
         id=job.id,
         status=job.status.value if isinstance(job.status, JobStatus) else job.status,
@@ -349,7 +351,14 @@ def job_out(job: Job) -> JobOut:
             if job.error_code
             else None
         ),
+        stats=stats,
     )
+
+
+def job_with_stats(session: orm.Session, caller: Caller, job_id: uuid.UUID) -> JobOut:
+    """One job, with its thinking statistics (thinkbatch/stats.py)."""
+    job = get_job(session, caller, job_id)
+    return job_out(job, stats.job_stats(session, job))
 
 
 def parse_job_id(raw: str) -> uuid.UUID:
@@ -441,9 +450,19 @@ def item_out(row: sa.Row[Any]) -> ItemOut:
     )
 
 
-def _items_query(job_id: uuid.UUID, status: ItemStatus | None) -> sa.Select[Any]:
+# Without thinking, the column is not read at all: a client downloading 100,000 answers need
+# not pay for (nor receive) the reasoning; `thinking` is then null in every record.
+_NO_THINKING = tuple(
+    sa.null().label("thinking") if column is ItemResult.thinking else column
+    for column in _ITEM_COLUMNS
+)
+
+
+def _items_query(
+    job_id: uuid.UUID, status: ItemStatus | None, include_thinking: bool = True
+) -> sa.Select[Any]:
     query = (
-        sa.select(*_ITEM_COLUMNS)
+        sa.select(*(_ITEM_COLUMNS if include_thinking else _NO_THINKING))
         .outerjoin(ItemResult, ItemResult.item_id == Item.id)
         .where(Item.job_id == job_id)
         .order_by(Item.seq)
@@ -471,10 +490,11 @@ def items_page(
     status: ItemStatus | None,
     after: str | None,
     limit: int,
+    include_thinking: bool = True,
 ) -> ItemPage:
     check_text_param(after, "after")
     get_job(session, caller, job_id)
-    query = _items_query(job_id, status).limit(limit + 1)
+    query = _items_query(job_id, status, include_thinking).limit(limit + 1)
     if after:
         seq = session.scalar(
             sa.select(Item.seq).where(Item.job_id == job_id, Item.custom_id == after)
@@ -497,6 +517,7 @@ def iter_results(
     job_id: uuid.UUID,
     *,
     status: ItemStatus | None,
+    include_thinking: bool = True,
     batch: int = 1000,
 ) -> Iterator[bytes]:
     """Every item record as one JSON line, in submission order, read through a server-side
@@ -504,14 +525,12 @@ def iter_results(
     The job's ownership is checked here, before the first line (NotFound otherwise)."""
     with orm.Session(engine) as session:
         get_job(session, caller, job_id)
-    return _iter_results(engine, job_id, status, batch)
+    return _iter_results(engine, _items_query(job_id, status, include_thinking), batch)
 
 
-def _iter_results(
-    engine: sa.Engine, job_id: uuid.UUID, status: ItemStatus | None, batch: int
-) -> Iterator[bytes]:
+def _iter_results(engine: sa.Engine, query: sa.Select[Any], batch: int) -> Iterator[bytes]:
     with engine.connect() as conn:
-        rows = conn.execute(_items_query(job_id, status).execution_options(yield_per=batch))
+        rows = conn.execute(query.execution_options(yield_per=batch))
         buffer: list[bytes] = []
         for row in rows:
             buffer.append(item_out(row).model_dump_json().encode() + b"\n")
