@@ -16,6 +16,7 @@ from api.openapi import Doc
 from api.openapi import Query
 from api.openapi import describe
 from thinkbatch import jobs as service
+from thinkbatch import stats
 from thinkbatch.models import ItemStatus
 from thinkbatch.queue import mark_hinted
 from thinkbatch.queue import publish_job
@@ -62,7 +63,7 @@ def create() -> tuple[dict[str, object], int]:
     # parse and store it as it streams from the spool: any invalid item rolls everything back.
     with spool(svc.settings) as body, svc.sessions.begin() as session:
         job = service.create_job_from_stream(session, caller(), body, svc.settings)
-        out = service.job_out(job)
+        out = service.job_out(job, stats.empty())
         copies = service.fanout(job, svc.settings)
     # After the commit: a worker must find the rows. If Redis is down the job still stands;
     # the sweeper enqueues it once Redis is back.
@@ -179,4 +180,4 @@ def cancel(job_id: str) -> dict[str, object]:
     require_json(body_required=False)
     with svc.sessions() as session:
         job = service.cancel_job(session, caller(), service.parse_job_id(job_id))
-        return service.job_out(job).model_dump(mode="json")
+        return service.job_out(job, stats.job_stats(session, job)).model_dump(mode="json")

@@ -68,6 +68,14 @@ def test_lists_leave_stats_out(client: FlaskClient, finished: uuid.UUID) -> None
     assert client.get("/v1/jobs").json["data"][0]["stats"] is None
 
 
+def test_submit_and_cancel_return_the_stats_too(client: FlaskClient, db: sa.Engine) -> None:
+    job = client.post("/v1/jobs", json={"items": [{"prompt": "x"}]}).json
+    assert job["stats"]["thinking_tokens"]["items"] == 0
+    assert client.get(f"/v1/jobs/{job['id']}").json == job
+    cancelled = client.post(f"/v1/jobs/{job['id']}/cancel").json
+    assert cancelled["stats"] == job["stats"]
+
+
 @pytest.mark.parametrize("path", ["items", "results"])
 def test_results_without_thinking(client: FlaskClient, finished: uuid.UUID, path: str) -> None:
     def records(query: str) -> list[dict[str, object]]:
@@ -90,5 +98,6 @@ def test_include_thinking_is_strict(
     client: FlaskClient, finished: uuid.UUID, path: str, value: str
 ) -> None:
     response = client.get(f"/v1/jobs/{finished}/{path}?include_thinking={value}")
+    response.get_data()  # a stream read to its end releases its database cursor
     assert response.status_code == 400
     assert response.json["error"]["param"] == "include_thinking"

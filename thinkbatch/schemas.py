@@ -178,7 +178,9 @@ class JobOut(BaseModel):
     metadata: dict[str, str]
     error: ErrorInfo | None
     stats: JobStats | None = Field(
-        None, description="Thinking statistics: on GET /v1/jobs/{id} only; null in lists."
+        None,
+        description="Thinking statistics over the succeeded items, computed when read (a "
+        "running job's may be up to 5 s old). Null in the list of jobs.",
     )
 
 
