@@ -123,9 +123,16 @@ class _SpeculativeCounter(StatLoggerBase):
     them now and then. A custom stat logger turns on the engine's stats without its default
     loggers, so it is installed only when speculative decoding is configured."""
 
-    def __init__(self, vllm_config: Any, engine_index: int = 0, *, into: SpeculativeStats):
+    def __init__(
+        self,
+        vllm_config: Any,
+        engine_index: int = 0,
+        *,
+        into: SpeculativeStats,
+        lock: threading.Lock,
+    ):
         self.stats = into
-        self.lock = threading.Lock()
+        self.lock = lock
         self.logged = time.monotonic()
 
     def record(
@@ -163,6 +170,7 @@ class VLLMEngine:
         self._eos_ids: list[int] = []
         self._backend: Any = None
         self.budget_ok = False  # the reasoning config matched the model's think tokens
+        self._spec_lock = threading.Lock()
         spec = settings.speculative_config or {}
         self._spec = (
             SpeculativeStats(
@@ -182,7 +190,7 @@ class VLLMEngine:
             stats = self._spec
 
             def counter(config: Any, index: int = 0) -> _SpeculativeCounter:
-                return _SpeculativeCounter(config, index, into=stats)
+                return _SpeculativeCounter(config, index, into=stats, lock=self._spec_lock)
 
             loggers = [counter]
         self.llm = AsyncLLM.from_engine_args(
@@ -242,12 +250,13 @@ class VLLMEngine:
         if self._spec is None:
             return None
         copy = SpeculativeStats(self._spec.method, self._spec.num_speculative_tokens)
-        copy.add(
-            self._spec.drafts,
-            self._spec.draft_tokens,
-            self._spec.accepted_tokens,
-            list(self._spec.accepted_per_position),
-        )
+        with self._spec_lock:
+            copy.add(
+                self._spec.drafts,
+                self._spec.draft_tokens,
+                self._spec.accepted_tokens,
+                list(self._spec.accepted_per_position),
+            )
         return copy
 
     def _render(self, item: Claimed, sampling: Sampling) -> str:
