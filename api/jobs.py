@@ -17,6 +17,7 @@ from api.openapi import Doc
 from api.openapi import Query
 from api.openapi import describe
 from thinkbatch import jobs as service
+from thinkbatch import stats
 from thinkbatch.models import ItemStatus
 from thinkbatch.queue import mark_hinted
 from thinkbatch.queue import publish_job
@@ -31,6 +32,12 @@ LIMIT = Query(
     "limit",
     {"type": "integer", "minimum": 1, "maximum": params.MAX_PAGE, "default": params.DEFAULT_PAGE},
     "Page size, in plain ASCII digits.",
+)
+INCLUDE_THINKING = Query(
+    "include_thinking",
+    {"type": "string", "enum": ["true", "false"], "default": "true"},
+    "`false` leaves the reasoning out: `thinking` is null in every record, and the database "
+    "does not read it. For downloads of answers only.",
 )
 STATUS = Query(
     "status",
@@ -57,7 +64,7 @@ def create() -> tuple[dict[str, object], int]:
     # parse and store it as it streams from the spool: any invalid item rolls everything back.
     with spool(svc.settings) as body, svc.sessions.begin() as session:
         job = service.create_job_from_stream(session, caller(), body, svc.settings)
-        out = service.job_out(job)
+        out = service.job_out(job, stats.empty())
         copies = service.fanout(job, svc.settings)
     metrics.job_submitted(out.counts.total)
     # After the commit: a worker must find the rows. If Redis is down the job still stands;
@@ -90,12 +97,20 @@ def list_() -> dict[str, object]:
 
 
 @bp.get("/<job_id>")
-@describe(Doc(summary="A job.", responses={200: JobOut}, errors=(404,), tags=("jobs",)))
+@describe(
+    Doc(
+        summary="A job, with its thinking statistics (`stats`).",
+        responses={200: JobOut},
+        notes={200: "The job; `stats` is computed from its results as they are now."},
+        errors=(404,),
+        tags=("jobs",),
+    )
+)
 def get(job_id: str) -> dict[str, object]:
     svc = services()
     with svc.sessions() as session:
-        job = service.get_job(session, caller(), service.parse_job_id(job_id))
-        return service.job_out(job).model_dump(mode="json")
+        out = service.job_with_stats(session, caller(), service.parse_job_id(job_id))
+    return out.model_dump(mode="json")
 
 
 @bp.get("/<job_id>/items")
@@ -106,6 +121,7 @@ def get(job_id: str) -> dict[str, object]:
             STATUS,
             Query("after", {"type": "string"}, "The last custom_id of the page before."),
             LIMIT,
+            INCLUDE_THINKING,
         ),
         responses={200: ItemPage},
         errors=(400, 404),
@@ -116,6 +132,7 @@ def items(job_id: str) -> dict[str, object]:
     svc = services()
     status = service.parse_item_status(params.status())
     after, limit = params.item_cursor(), params.limit()
+    include_thinking = params.include_thinking()
     with svc.sessions() as session:
         page = service.items_page(
             session,
@@ -124,6 +141,7 @@ def items(job_id: str) -> dict[str, object]:
             status=status,
             after=after,
             limit=limit,
+            include_thinking=include_thinking,
         )
     return page.model_dump(mode="json")
 
@@ -132,7 +150,7 @@ def items(job_id: str) -> dict[str, object]:
 @describe(
     Doc(
         summary="Every item record of the job, one JSON object (ItemOut) per line.",
-        query=(STATUS,),
+        query=(STATUS, INCLUDE_THINKING),
         responses={200: NDJSON},
         notes={200: "NDJSON: one `ItemOut` object per line, in submission order."},
         errors=(400, 404),
@@ -142,8 +160,11 @@ def items(job_id: str) -> dict[str, object]:
 def results(job_id: str) -> Response:
     svc = services()
     status = service.parse_item_status(params.status())
+    include_thinking = params.include_thinking()
     key = service.parse_job_id(job_id)
-    stream = service.iter_results(svc.engine, caller(), key, status=status)  # 404 before it starts
+    stream = service.iter_results(  # 404 before it starts
+        svc.engine, caller(), key, status=status, include_thinking=include_thinking
+    )
     return Response(stream_with_context(stream), mimetype="application/x-ndjson")
 
 
@@ -161,4 +182,4 @@ def cancel(job_id: str) -> dict[str, object]:
     require_json(body_required=False)
     with svc.sessions() as session:
         job = service.cancel_job(session, caller(), service.parse_job_id(job_id))
-        return service.job_out(job).model_dump(mode="json")
+        return service.job_out(job, stats.job_stats(session, job)).model_dump(mode="json")

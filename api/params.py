@@ -66,3 +66,16 @@ def item_cursor() -> str | None:
 
 def status() -> str | None:
     return single("status")
+
+
+def include_thinking() -> bool:
+    """`include_thinking`: `true` (the default) or `false`, spelled exactly; `0`, `no`, `False`
+    would be guesses at what was meant."""
+    raw = single("include_thinking")
+    if raw is None:
+        return True
+    if raw not in ("true", "false"):
+        raise InvalidRequest(
+            "include_thinking: must be true or false (lower case)", param="include_thinking"
+        )
+    return raw == "true"

@@ -307,6 +307,10 @@ def median_round(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> int:
+    if "--speculative" in sys.argv[1:]:  # its own benchmark, with its own options
+        from bench import speculative
+
+        return speculative.main([a for a in sys.argv[1:] if a != "--speculative"])
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--items", type=int, default=2000)
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -320,6 +324,11 @@ def main() -> int:
         default=None,
         help="run the raw arm's rounds, stop its engine, then the job system's (default: on a "
         "GPU host, where two engines do not fit on one card; else interleaved)",
+    )
+    parser.add_argument(
+        "--speculative",
+        action="store_true",
+        help="instead: speculative decoding on and off (bench/speculative.py, its own options)",
     )
     parser.add_argument("--raw-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

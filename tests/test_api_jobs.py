@@ -11,7 +11,7 @@ from flask.testing import FlaskClient
 from tests.helpers import check_invariants
 
 JOB_KEYS = ["id", "status", "model", "priority", "created_at", "started_at", "finished_at",
-            "expires_at", "counts", "usage", "metadata", "error"]  # fmt: skip
+            "expires_at", "counts", "usage", "metadata", "error", "stats"]  # fmt: skip
 ITEM_KEYS = ["custom_id", "status", "thinking", "answer", "finish_reason", "thinking_truncated",
              "usage", "attempts", "error", "started_at", "finished_at"]  # fmt: skip
 

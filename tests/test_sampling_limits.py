@@ -26,6 +26,9 @@ VLLMValidationError = pytest.importorskip("vllm.exceptions").VLLMValidationError
 
 
 def _engine_accepts(name: str, value: object) -> bool:
+    limit = SAMPLING_LIMITS.get(name)
+    if limit is not None:
+        name, value = limit.engine(value)  # the engine's own name and count of it
     try:
         params = vllm.SamplingParams(**{name: value})
     except VLLMValidationError:
@@ -129,3 +132,17 @@ def test_stop_strings_both_accept(stop: object) -> None:
 @pytest.mark.parametrize("name", [n for n, limit in SAMPLING_LIMITS.items() if limit.kind is float])
 def test_non_finite_floats_are_refused(name: str, value: float) -> None:
     assert not _api_accepts(name, value)
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.0, True, "4"])
+def test_thinking_budgets_the_api_refuses(value: object) -> None:
+    # -1 (our 0) is "unlimited" to the engine: a silently dropped budget, so it is refused.
+    assert _api_accepts("thinking_budget", 1)
+    assert not _api_accepts("thinking_budget", value)
+
+
+def test_thinking_budget_counts_the_opening_tag_as_usage_does() -> None:
+    # Ours counts <think> as usage.reasoning_tokens does; vLLM counts the tokens after it.
+    assert SAMPLING_LIMITS["thinking_budget"].engine(16) == ("thinking_token_budget", 15)
+    assert vllm.SamplingParams(thinking_token_budget=0).thinking_token_budget == 0
+    assert vllm.SamplingParams(thinking_token_budget=-1).thinking_token_budget is None

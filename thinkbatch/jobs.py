@@ -22,6 +22,9 @@ from sqlalchemy import orm
 from thinkbatch import ingest
 from thinkbatch import ledger
 from thinkbatch import quotas
+from thinkbatch import stats
+from thinkbatch.budgets import BudgetCheck
+from thinkbatch.budgets import BudgetConflict
 from thinkbatch.keys import Caller
 from thinkbatch.limits import range_text
 from thinkbatch.models import Item
@@ -38,6 +41,7 @@ from thinkbatch.schemas import JobCreate
 from thinkbatch.schemas import JobHeader
 from thinkbatch.schemas import JobOut
 from thinkbatch.schemas import JobPage
+from thinkbatch.schemas import JobStats
 from thinkbatch.schemas import Message
 from thinkbatch.schemas import Usage
 from thinkbatch.settings import Settings
@@ -94,6 +98,7 @@ class _Items:
         self.settings = settings
         self.ids: dict[str, int] = {}  # custom_id -> index; generated ones are negative
         self.count = 0
+        self.budgets = BudgetCheck(settings.default_max_tokens)
 
     def row(self, index: int, item: ItemIn) -> tuple[object, ...]:
         if index >= self.settings.max_items_per_job:
@@ -106,6 +111,10 @@ class _Items:
             _check_max_tokens(
                 item.params.max_tokens, f"items[{index}].params.max_tokens", self.settings
             )
+        try:
+            self.budgets.item(index, item.params)
+        except BudgetConflict as error:
+            raise InvalidRequest(error.message, param=error.param) from None
         custom_id = item.custom_id
         if custom_id is None:
             custom_id = f"item-{index}"
@@ -144,6 +153,13 @@ class _Items:
             json.dumps(params) if params else None,
             ItemStatus.pending.value,
         )
+
+    def finish(self, header: JobHeader) -> None:
+        """The checks that need the job's params and every item (streamed in any order)."""
+        try:
+            self.budgets.finish(header.params)
+        except BudgetConflict as error:
+            raise InvalidRequest(error.message, param=error.param) from None
 
     def _check_size(self, index: int, item: ItemIn) -> None:
         # Bounded here, at submit: a 5 MB prompt would cost the worker seconds of tokenizing
@@ -221,6 +237,7 @@ def create_job(session: orm.Session, caller: Caller, spec: JobCreate, settings: 
     job = _new_job(session, caller, settings)
     items = _Items(job.id, settings)
     _copy(session, (items.row(i, item) for i, item in enumerate(spec.items)))
+    items.finish(spec)
     _apply_header(session, job, spec, settings)
     return job
 
@@ -261,6 +278,7 @@ def create_job_from_stream(
         message = _body_message(error, settings)
         raise InvalidRequest(message, param=error.param, code=error.code) from None
     _check_header(header, settings)
+    items.finish(header)
     _apply_header(session, job, header, settings)
     return job
 
@@ -303,7 +321,7 @@ def fanout(job: Job, settings: Settings) -> int:
     return max(1, min(settings.job_fanout, math.ceil(job.total / settings.fanout_items)))
 
 
-def job_out(job: Job) -> JobOut:
+def job_out(job: Job, stats: JobStats | None = None) -> JobOut:
     return JobOut(
         id=job.id,
         status=job.status.value if isinstance(job.status, JobStatus) else job.status,
@@ -333,7 +351,14 @@ def job_out(job: Job) -> JobOut:
             if job.error_code
             else None
         ),
+        stats=stats,
     )
+
+
+def job_with_stats(session: orm.Session, caller: Caller, job_id: uuid.UUID) -> JobOut:
+    """One job, with its thinking statistics (thinkbatch/stats.py)."""
+    job = get_job(session, caller, job_id)
+    return job_out(job, stats.job_stats(session, job))
 
 
 def parse_job_id(raw: str) -> uuid.UUID:
@@ -431,9 +456,19 @@ def item_out(row: sa.Row[Any]) -> ItemOut:
     )
 
 
-def _items_query(job_id: uuid.UUID, status: ItemStatus | None) -> sa.Select[Any]:
+# Without thinking, the column is not read at all: a client downloading 100,000 answers need
+# not pay for (nor receive) the reasoning; `thinking` is then null in every record.
+_NO_THINKING = tuple(
+    sa.null().label("thinking") if column is ItemResult.thinking else column
+    for column in _ITEM_COLUMNS
+)
+
+
+def _items_query(
+    job_id: uuid.UUID, status: ItemStatus | None, include_thinking: bool = True
+) -> sa.Select[Any]:
     query = (
-        sa.select(*_ITEM_COLUMNS)
+        sa.select(*(_ITEM_COLUMNS if include_thinking else _NO_THINKING))
         .outerjoin(ItemResult, ItemResult.item_id == Item.id)
         .where(Item.job_id == job_id)
         .order_by(Item.seq)
@@ -461,10 +496,11 @@ def items_page(
     status: ItemStatus | None,
     after: str | None,
     limit: int,
+    include_thinking: bool = True,
 ) -> ItemPage:
     check_text_param(after, "after")
     get_job(session, caller, job_id)
-    query = _items_query(job_id, status).limit(limit + 1)
+    query = _items_query(job_id, status, include_thinking).limit(limit + 1)
     if after:
         seq = session.scalar(
             sa.select(Item.seq).where(Item.job_id == job_id, Item.custom_id == after)
@@ -487,6 +523,7 @@ def iter_results(
     job_id: uuid.UUID,
     *,
     status: ItemStatus | None,
+    include_thinking: bool = True,
     batch: int = 1000,
 ) -> Iterator[bytes]:
     """Every item record as one JSON line, in submission order, read through a server-side
@@ -494,14 +531,12 @@ def iter_results(
     The job's ownership is checked here, before the first line (NotFound otherwise)."""
     with orm.Session(engine) as session:
         get_job(session, caller, job_id)
-    return _iter_results(engine, job_id, status, batch)
+    return _iter_results(engine, _items_query(job_id, status, include_thinking), batch)
 
 
-def _iter_results(
-    engine: sa.Engine, job_id: uuid.UUID, status: ItemStatus | None, batch: int
-) -> Iterator[bytes]:
+def _iter_results(engine: sa.Engine, query: sa.Select[Any], batch: int) -> Iterator[bytes]:
     with engine.connect() as conn:
-        rows = conn.execute(_items_query(job_id, status).execution_options(yield_per=batch))
+        rows = conn.execute(query.execution_options(yield_per=batch))
         buffer: list[bytes] = []
         for row in rows:
             buffer.append(item_out(row).model_dump_json().encode() + b"\n")

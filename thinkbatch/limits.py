@@ -9,6 +9,7 @@ the engine's, and says why. This module must not import vllm (only worker/vllm_e
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from typing import Literal
@@ -36,6 +37,15 @@ class Limit:
     description: str
     # vLLM raises a float in (0, min_nonzero) to min_nonzero with only a log warning: refuse it.
     min_nonzero: float | None = None
+    # A parameter the engine knows by another name or counts differently: its SamplingParams
+    # name and the value it is given (tests check the bounds through this mapping).
+    engine_name: str | None = None
+    to_engine: Callable[[Any], Any] | None = None
+
+    def engine(self, value: Any) -> tuple[str, Any]:
+        """(name, value) of this parameter in vLLM's SamplingParams."""
+        mapped = self.to_engine(value) if self.to_engine is not None else value
+        return self.engine_name or self.name, mapped
 
     def field(self) -> Any:
         """The pydantic Field of this parameter (optional, None when absent)."""
@@ -112,6 +122,20 @@ SAMPLING_LIMITS: dict[str, Limit] = {
             Bound(0.0, False, "engine"),
             Bound(10.0, True, "api", "beyond 10 the output is noise; a typo guard"),
             "Repetition penalty, in (0, 10]; 1 is none.",
+        ),
+        Limit(
+            "thinking_budget",
+            int,
+            # 0 would be no thinking at all: that is enable_thinking=false, said plainly.
+            Bound(1, True, "api", "no thinking at all is enable_thinking=false"),
+            Bound(INT64_MAX, True, "api", "64-bit integers; below max_tokens applies on top"),
+            "Most tokens the model may think (the opening <think> included) before the engine "
+            "closes the thinking block; it then answers within the rest of max_tokens. Below "
+            "the item's max_tokens. Ignored when enable_thinking is false.",
+            # vLLM counts the tokens after <think>; ours count <think> too, as
+            # usage.reasoning_tokens does, so reasoning_tokens <= thinking_budget + 1 (</think>).
+            engine_name="thinking_token_budget",
+            to_engine=lambda budget: budget - 1,
         ),
     )
 }

@@ -24,6 +24,8 @@ class Sampling:
     repetition_penalty: float
     enable_thinking: bool
     ignore_eos: bool
+    # None with thinking off: the budget is ignored then (documented on the field), not an error.
+    thinking_budget: int | None = None
 
 
 def resolve_sampling(
@@ -36,6 +38,7 @@ def resolve_sampling(
     thinking = bool(merged.get("enable_thinking", True))
     mode = _THINKING_DEFAULTS if thinking else _ANSWER_DEFAULTS
     stop = merged.get("stop")
+    budget = merged.get("thinking_budget") if thinking else None
     return Sampling(
         max_tokens=int(merged.get("max_tokens", default_max_tokens)),
         temperature=float(merged.get("temperature", mode["temperature"])),
@@ -47,4 +50,5 @@ def resolve_sampling(
         repetition_penalty=float(merged.get("repetition_penalty", 1.0)),
         enable_thinking=thinking,
         ignore_eos=bool(merged.get("ignore_eos", False)),
+        thinking_budget=int(budget) if budget is not None else None,
     )

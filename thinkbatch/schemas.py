@@ -52,6 +52,7 @@ class SamplingParamsIn(BaseModel):
     )
     presence_penalty: float | None = SAMPLING_LIMITS["presence_penalty"].field()
     repetition_penalty: float | None = SAMPLING_LIMITS["repetition_penalty"].field()
+    thinking_budget: int | None = SAMPLING_LIMITS["thinking_budget"].field()
     enable_thinking: bool | None = None
     ignore_eos: bool | None = None
 
@@ -130,6 +131,34 @@ class Usage(BaseModel):
     reasoning_tokens: int
 
 
+class ThinkingLength(BaseModel):
+    """Reasoning tokens per item, over the succeeded items that thought (reasoning_tokens > 0)."""
+
+    items: int = Field(description="Succeeded items that thought.")
+    p50: int | None = Field(description="Median reasoning tokens (a value some item had).")
+    p90: int | None
+    max: int | None
+
+
+class Truncations(BaseModel):
+    by_budget: int = Field(
+        description="Items whose thinking the engine closed at thinking_budget; they answered."
+    )
+    by_max_tokens: int = Field(
+        description="Items cut by max_tokens (or the context) inside their thinking: no answer."
+    )
+
+
+class JobStats(BaseModel):
+    """What the thinking cost, over the job's succeeded items, computed when read."""
+
+    reasoning_share: float | None = Field(
+        description="usage.reasoning_tokens / usage.completion_tokens; null before any output."
+    )
+    thinking_tokens: ThinkingLength
+    thinking_truncated: Truncations
+
+
 class ErrorInfo(BaseModel):
     code: str
     message: str
@@ -148,6 +177,11 @@ class JobOut(BaseModel):
     usage: Usage
     metadata: dict[str, str]
     error: ErrorInfo | None
+    stats: JobStats | None = Field(
+        None,
+        description="Thinking statistics over the succeeded items, computed when read (a "
+        "running job's may be up to 5 s old). Null in the list of jobs.",
+    )
 
 
 class ItemOut(BaseModel):

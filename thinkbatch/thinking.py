@@ -8,7 +8,9 @@ Qwen3 writes `<think>…</think>` and then the answer. The cases this module han
 * thinking-only templates (Qwen3-*-Thinking-2507) open `<think>` inside the prompt, so the
   output holds only the closing `</think>`;
 * cut inside the thinking (max_tokens reached before `</think>`): all of it is thinking, the
-  answer is empty and the split says `thinking_truncated`.
+  answer is empty and the split says `thinking_truncated`;
+* closed by the thinking budget: the engine forced `</think>` after `thinking_budget` tokens
+  and the model answered; `thinking_truncated(...)` says so from the token count.
 
 The engine adapter and every test use these two functions; nothing else parses thinking.
 """
@@ -63,6 +65,23 @@ def count_reasoning_tokens(
     if opened_in_prompt or (start_id is not None and output_ids and output_ids[0] == start_id):
         return len(output_ids)  # cut inside the thinking: every token is thinking
     return 0
+
+
+def closed_by_budget(*, reasoning_tokens: int, budget: int | None) -> bool:
+    """Whether the thinking budget forced `</think>`: the block holds `budget` tokens (the
+    opening `<think>` included, as usage counts it) and then the forced `</think>`.
+
+    A model that closes on its own at exactly that token is indistinguishable, and is counted
+    as closed by the budget: the engine would have forced the same token there.
+    """
+    return budget is not None and reasoning_tokens >= budget + 1
+
+
+def thinking_truncated(split: ThinkingSplit, *, reasoning_tokens: int, budget: int | None) -> bool:
+    """The item's `thinking_truncated`: cut by max_tokens (no `</think>` at all; the answer is
+    empty) or closed by the thinking budget (the answer follows). Statistics tell the two apart
+    by whether every completion token was thinking (see thinkbatch/stats.py)."""
+    return split.truncated or closed_by_budget(reasoning_tokens=reasoning_tokens, budget=budget)
 
 
 def prompt_opens_thinking(

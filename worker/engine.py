@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from dataclasses import field
 from typing import Any
 from typing import Protocol
 
@@ -56,6 +57,58 @@ class ThinkTokens:
     turn_start_id: int | None
 
 
+@dataclass(slots=True)
+class SpeculativeStats:
+    """Speculative decoding since the engine started, summed over its steps (vLLM's spec-decode
+    metrics). Acceptance rate: accepted / drafted tokens. Acceptance length: tokens produced
+    per verification step (1 + accepted / drafts), the speed-up bound a draft buys."""
+
+    method: str
+    num_speculative_tokens: int
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def add(self, drafts: int, draft_tokens: int, accepted: int, per_pos: list[int]) -> None:
+        self.drafts += drafts
+        self.draft_tokens += draft_tokens
+        self.accepted_tokens += accepted
+        if len(self.accepted_per_position) < len(per_pos):
+            self.accepted_per_position += [0] * (len(per_pos) - len(self.accepted_per_position))
+        for i, n in enumerate(per_pos):
+            self.accepted_per_position[i] += n
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def acceptance_length(self) -> float | None:
+        return 1 + self.accepted_tokens / self.drafts if self.drafts else None
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "method": self.method,
+            "num_speculative_tokens": self.num_speculative_tokens,
+            "drafts": self.drafts,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "accepted_per_position": list(self.accepted_per_position),
+            "acceptance_rate": self.acceptance_rate,
+            "acceptance_length": self.acceptance_length,
+        }
+
+    def summary(self) -> str:
+        rate, length = self.acceptance_rate, self.acceptance_length
+        return (
+            f"speculative decoding ({self.method}, k={self.num_speculative_tokens}): "
+            f"{self.accepted_tokens}/{self.draft_tokens} draft tokens accepted "
+            f"({(rate or 0):.1%}) over {self.drafts} drafts, mean acceptance length "
+            f"{(length or 0):.2f}, accepted per position {self.accepted_per_position}"
+        )
+
+
 class Engine(Protocol):
     think: ThinkTokens
 
@@ -69,6 +122,9 @@ class Engine(Protocol):
 
     async def generate(self, request_id: str, prepared: Prepared) -> Generation:
         """Run one item to completion. Cancelling the awaiting task aborts the request."""
+
+    def speculative_stats(self) -> SpeculativeStats | None:
+        """Speculative decoding figures since start (None when speculation is off)."""
 
     async def shutdown(self) -> None:
         """Stop the engine and its processes."""

@@ -11,6 +11,7 @@ Faults while preparing: `[[fail-render]]`, `[[fail-tokenize]]` and `[[fail-param
 `prepare` at that stage, for the whole batch it was called with (as a batched tokenizer call
 does); `[[fail-submit]]` has the request refused as it is submitted. Sampling values vLLM's
 SamplingParams refuses (temperature outside [0, 2], an empty stop string) raise too.
+A `thinking_budget` is honoured as vLLM's is: the thinking is cut and `</think>` forced.
 Options come from ENGINE_EXTRA_ARGS: `step_s` (default 0.001) and `tokenize_s_per_mchar`
 (seconds of tokenizing per million characters, default 0), which makes a long prompt's
 tokenizing take time as a real tokenizer's does.
@@ -148,7 +149,7 @@ class FakeEngine:
         else:  # thinking off (the template closed an empty block) or a raw prompt
             text = answer
         s = prepared.sampling
-        ids = encode(text) + [EOS]
+        ids = self._within_budget(encode(text), s.thinking_budget) + [EOS]
         budget = min(s.max_tokens, self.max_model_len - len(prepared.prompt_ids))
         if s.ignore_eos:
             ids = (ids[:-1] + [OFFSET + ord(".")] * budget)[:budget]
@@ -156,6 +157,15 @@ class FakeEngine:
         if len(ids) > budget:
             return ids[:budget], "length"
         return ids, "stop"
+
+    @staticmethod
+    def _within_budget(ids: list[int], budget: int | None) -> list[int]:
+        """As vLLM's thinking budget does: after `budget` thinking tokens (an opening <think>
+        included) force </think>, and the answer follows."""
+        end = SPECIAL["</think>"]
+        if budget is None or end not in ids or ids.index(end) <= budget:
+            return ids
+        return ids[:budget] + ids[ids.index(end) :]
 
     async def generate(self, request_id: str, prepared: Prepared) -> Generation:
         if self._dead:
@@ -207,6 +217,10 @@ class FakeEngine:
                 else:
                     still.append(seq)
             self._running = still
+
+    def speculative_stats(self) -> None:
+        """No speculation here (the vLLM engine reports its figures)."""
+        return None
 
     async def shutdown(self) -> None:
         if self._loop_task is not None:

@@ -51,6 +51,7 @@ from thinkbatch.settings import Settings
 from thinkbatch.sweeper import sweep
 from thinkbatch.thinking import count_reasoning_tokens
 from thinkbatch.thinking import split_thinking
+from thinkbatch.thinking import thinking_truncated
 from worker.engine import Engine
 from worker.engine import EngineDead
 from worker.engine import Generation
@@ -856,6 +857,13 @@ class Runner:
     def _to_done(self, item: Claimed, prepared: Prepared, gen: Generation) -> Done:
         split = split_thinking(gen.text, opened_in_prompt=prepared.opened_in_prompt)
         think = self.engine.think
+        reasoning = count_reasoning_tokens(
+            gen.token_ids,
+            start_id=think.start_id,
+            end_id=think.end_id,
+            opened_in_prompt=prepared.opened_in_prompt,
+        )
+        budget = prepared.sampling.thinking_budget
         return Done(
             item_id=item.id,
             job_id=item.job_id,
@@ -863,15 +871,10 @@ class Runner:
             thinking=split.thinking,
             answer=split.answer,
             finish_reason=gen.finish_reason,
-            thinking_truncated=split.truncated,
+            thinking_truncated=thinking_truncated(split, reasoning_tokens=reasoning, budget=budget),
             prompt_tokens=gen.prompt_tokens,
             completion_tokens=len(gen.token_ids),
-            reasoning_tokens=count_reasoning_tokens(
-                gen.token_ids,
-                start_id=think.start_id,
-                end_id=think.end_id,
-                opened_in_prompt=prepared.opened_in_prompt,
-            ),
+            reasoning_tokens=reasoning,
         )
 
     # --- housekeeping -----------------------------------------------------------------------

@@ -2,26 +2,32 @@
 
 vLLM's module paths and names move between releases (`reasoning_content` became `reasoning`,
 protocol modules moved), so everything thinkbatch touches is kept to a few stable entry points:
-`AsyncEngineArgs`, `AsyncLLM`, `SamplingParams`, `tokens_input` and the two exception types.
+`AsyncEngineArgs`, `AsyncLLM`, `SamplingParams`, `tokens_input` and the two exception types,
+plus `ReasoningConfig` (the thinking budget) and `StatLoggerBase` (speculative decoding figures).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from vllm import SamplingParams
+from vllm.config import ReasoningConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMClientError
 from vllm.inputs.engine import tokens_input
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
+from vllm.v1.metrics.loggers import StatLoggerBase
 
 from thinkbatch.ledger import Claimed
+from thinkbatch.limits import SAMPLING_LIMITS
 from thinkbatch.sampling import Sampling
 from thinkbatch.settings import DEMO_MODEL
 from thinkbatch.settings import Settings
@@ -33,6 +39,7 @@ from worker.engine import EngineDead
 from worker.engine import Generation
 from worker.engine import ItemRejected
 from worker.engine import Prepared
+from worker.engine import SpeculativeStats
 from worker.engine import ThinkTokens
 
 log = logging.getLogger(__name__)
@@ -82,6 +89,12 @@ def engine_args(settings: Settings, model: str, device: str = "cuda") -> AsyncEn
         "enforce_eager": settings.enforce_eager,
         "enable_prefix_caching": settings.enable_prefix_caching,
         "speculative_config": settings.speculative_config,
+        # The thinking budget (SamplingParams.thinking_token_budget) is the engine's own: it
+        # forces these strings' tokens when a request has thought its budget. start() checks
+        # that each is one token of the served model (Qwen3: <think> and </think>).
+        "reasoning_config": ReasoningConfig(
+            reasoning_start_str=THINK_START, reasoning_end_str=THINK_END
+        ),
         "seed": settings.seed,
         "disable_log_stats": True,
     }
@@ -102,6 +115,51 @@ def configure_environment(settings: Settings, device: str = "cuda") -> None:
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
 
+SPEC_LOG_INTERVAL_S = 60.0
+
+
+class _SpeculativeCounter(StatLoggerBase):
+    """Sums vLLM's per-step spec-decode stats into the engine's `SpeculativeStats`, and logs
+    them now and then. A custom stat logger turns on the engine's stats without its default
+    loggers, so it is installed only when speculative decoding is configured."""
+
+    def __init__(
+        self,
+        vllm_config: Any,
+        engine_index: int = 0,
+        *,
+        into: SpeculativeStats,
+        lock: threading.Lock,
+    ):
+        self.stats = into
+        self.lock = lock
+        self.logged = time.monotonic()
+
+    def record(
+        self,
+        scheduler_stats: Any,
+        iteration_stats: Any,
+        mm_cache_stats: Any = None,
+        engine_idx: int = 0,
+    ) -> None:
+        spec = getattr(scheduler_stats, "spec_decoding_stats", None)
+        if spec is None:
+            return
+        with self.lock:
+            self.stats.add(
+                spec.num_drafts,
+                spec.num_draft_tokens,
+                spec.num_accepted_tokens,
+                list(spec.num_accepted_tokens_per_pos),
+            )
+        if time.monotonic() - self.logged >= SPEC_LOG_INTERVAL_S:
+            self.logged = time.monotonic()
+            log.info("%s", self.stats.summary())
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+
 class VLLMEngine:
     def __init__(self, settings: Settings):
         self.settings = settings
@@ -111,12 +169,33 @@ class VLLMEngine:
         self.think = ThinkTokens(None, None, None)
         self._eos_ids: list[int] = []
         self._backend: Any = None
+        self.budget_ok = False  # the reasoning config matched the model's think tokens
+        self._spec_lock = threading.Lock()
+        spec = settings.speculative_config or {}
+        self._spec = (
+            SpeculativeStats(
+                method=str(spec.get("method") or spec.get("model") or "draft"),
+                num_speculative_tokens=int(spec.get("num_speculative_tokens") or 0),
+            )
+            if spec
+            else None
+        )
 
     async def start(self) -> None:
         device = device_type()
         configure_environment(self.settings, device)
         model = resolve_model(self.settings)
-        self.llm = AsyncLLM.from_engine_args(engine_args(self.settings, model, device))
+        loggers: list[Any] | None = None
+        if self._spec is not None:
+            stats = self._spec
+
+            def counter(config: Any, index: int = 0) -> _SpeculativeCounter:
+                return _SpeculativeCounter(config, index, into=stats, lock=self._spec_lock)
+
+            loggers = [counter]
+        self.llm = AsyncLLM.from_engine_args(
+            engine_args(self.settings, model, device), stat_loggers=loggers
+        )
         keep_off_compute_cores(device)
         self.tokenizer = self.llm.get_tokenizer()
         # The Rust tokenizer under the transformers wrapper, for the one-shot decode.
@@ -130,12 +209,55 @@ class VLLMEngine:
             end_id=vocab.get(THINK_END),
             turn_start_id=vocab.get("<|im_start|>"),
         )
+        self.budget_ok = self._check_reasoning_config()
         log.info(
-            "vLLM engine ready: model=%s max_model_len=%d think_ids=%s",
+            "vLLM engine ready: model=%s max_model_len=%d think_ids=%s thinking_budget=%s "
+            "speculative=%s",
             model,
             self.max_model_len,
             self.think,
+            "on" if self.budget_ok else "off",
+            self._spec.method if self._spec else "off",
         )
+
+    def _check_reasoning_config(self) -> bool:
+        """The engine's thinking budget counts and forces the served model's own <think> and
+        </think> ids; a model without them as single tokens gets no budget (items that ask
+        for one fail with a message saying so, instead of a budget counted wrongly)."""
+        assert self.llm is not None
+        config = getattr(self.llm.vllm_config, "reasoning_config", None)
+        if config is None or not config.enabled:
+            return False
+        start, end = self.think.start_id, self.think.end_id
+        if start is None or end is None:
+            return False
+        ok = config.reasoning_start_token_ids == [start] and config.reasoning_end_token_ids == [end]
+        if not ok:
+            log.warning(
+                "the reasoning config's ids %s/%s are not the model's think ids %s/%s: "
+                "thinking_budget is off",
+                config.reasoning_start_token_ids,
+                config.reasoning_end_token_ids,
+                start,
+                end,
+            )
+        return ok
+
+    def speculative_stats(self) -> SpeculativeStats | None:
+        """Speculative decoding figures of this worker's engine since it started (None when
+        speculation is off): drafts, drafted and accepted tokens, acceptance rate and length.
+        Cheap; safe to read from any thread (for metrics and logs)."""
+        if self._spec is None:
+            return None
+        copy = SpeculativeStats(self._spec.method, self._spec.num_speculative_tokens)
+        with self._spec_lock:
+            copy.add(
+                self._spec.drafts,
+                self._spec.draft_tokens,
+                self._spec.accepted_tokens,
+                list(self._spec.accepted_per_position),
+            )
+        return copy
 
     def _render(self, item: Claimed, sampling: Sampling) -> str:
         if item.messages is None:
@@ -186,27 +308,52 @@ class VLLMEngine:
                     )
                 )
                 continue
+            opened = prompt_opens_thinking(
+                ids[i],
+                start_id=self.think.start_id,
+                end_id=self.think.end_id,
+                turn_start_id=self.think.turn_start_id,
+            )
+            if params.thinking_budget is not None and not self.budget_ok:
+                out.append(
+                    ItemRejected(
+                        "invalid_request",
+                        "thinking_budget: the served model has no <think>/</think> tokens "
+                        "the engine can count and force",
+                    )
+                )
+                continue
             try:
-                native = self._sampling_params(params, len(ids[i]))
+                native = self._sampling_params(params, ids[i], opened)
             except Exception as error:  # noqa: BLE001 - vLLM refuses this item's values
                 out.append(ItemRejected("invalid_request", str(error)))
                 continue
             out.append(
                 Prepared(
                     prompt_ids=ids[i],
-                    opened_in_prompt=prompt_opens_thinking(
-                        ids[i],
-                        start_id=self.think.start_id,
-                        end_id=self.think.end_id,
-                        turn_start_id=self.think.turn_start_id,
-                    ),
+                    opened_in_prompt=opened,
                     sampling=params,
                     native=native,
                 )
             )
         return out
 
-    def _sampling_params(self, s: Sampling, prompt_len: int) -> SamplingParams:
+    def _thinking_token_budget(
+        self, s: Sampling, prompt_ids: list[int], opened: bool
+    ) -> int | None:
+        """vLLM's thinking_token_budget for our thinking_budget (see limits.py). vLLM counts the
+        tokens after the last <think>, the prompt's too when the template opened it there; ours
+        counts generated thinking tokens with the <think> the model writes. Either way the
+        model writes `thinking_budget` tokens, then the forced </think>."""
+        if s.thinking_budget is None:
+            return None
+        if not opened:
+            return SAMPLING_LIMITS["thinking_budget"].engine(s.thinking_budget)[1]
+        in_prompt = len(prompt_ids) - 1 - prompt_ids[::-1].index(self.think.start_id)
+        return s.thinking_budget + in_prompt
+
+    def _sampling_params(self, s: Sampling, prompt_ids: list[int], opened: bool) -> SamplingParams:
+        prompt_len = len(prompt_ids)
         return SamplingParams(
             # Never ask for more than the context leaves: the output stops at the context
             # anyway, and the finish reason then honestly says "length".
@@ -219,6 +366,7 @@ class VLLMEngine:
             presence_penalty=s.presence_penalty,
             repetition_penalty=s.repetition_penalty,
             ignore_eos=s.ignore_eos,
+            thinking_token_budget=self._thinking_token_budget(s, prompt_ids, opened),
             # One output per request, not one Python object per generated token.
             output_kind=RequestOutputKind.FINAL_ONLY,
             # Stop strings need vLLM's incremental detokenizer; otherwise the text is decoded
@@ -259,6 +407,8 @@ class VLLMEngine:
         return self._backend.decode(token_ids, skip_special_tokens=True)
 
     async def shutdown(self) -> None:
+        if self._spec is not None:
+            log.info("%s", self._spec.summary())
         if self.llm is not None:
             self.llm.shutdown()
             self.llm = None

@@ -1,0 +1,157 @@
+"""Reasoning controls on vLLM's CPU engine with the demo model, through the worker's runner:
+the thinking budget (the engine's own, configured from the model's <think>/</think> ids), and
+speculative decoding (n-gram prompt lookup) leaving greedy answers unchanged.
+
+Each module run starts two engines (without and with speculation), about a minute on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import orm
+
+from tests.conftest import TENANT
+from tests.conftest import Servers
+from tests.conftest import make_settings
+from tests.conftest import recreate_database
+from tests.stacks import VLLM_ENV
+from tests.stacks import redis_db
+from thinkbatch import jobs as service
+from thinkbatch.db import migrate
+from thinkbatch.keys import Caller
+from thinkbatch.schemas import JobCreate
+from thinkbatch.settings import Settings
+from worker.engine import create_engine
+from worker.runner import Runner
+
+pytestmark = pytest.mark.e2e
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
+         "prompt_lookup_max": 4}  # fmt: skip
+QUESTION = [{"role": "user", "content": "What is continuous batching in vLLM?"}]
+GREEDY = {"temperature": 0.0}
+ANSWER = (
+    "Continuous batching adds new requests to the running batch at every step and frees "
+    "finished ones at once, so the GPU never idles."
+)
+
+
+def _budget_items() -> list[dict[str, Any]]:
+    return [
+        {"custom_id": "b4", "messages": QUESTION, "params": {**GREEDY, "thinking_budget": 4}},
+        {"custom_id": "b16", "messages": QUESTION, "params": {**GREEDY, "thinking_budget": 16}},
+        {"custom_id": "none", "messages": QUESTION, "params": GREEDY},
+        # Without a budget the model is cut inside its thinking; with one it answers.
+        {"custom_id": "cut", "messages": QUESTION, "params": {**GREEDY, "max_tokens": 16}},
+        {"custom_id": "cut-b", "messages": QUESTION,
+         "params": {**GREEDY, "max_tokens": 16, "thinking_budget": 4}},
+    ]  # fmt: skip
+
+
+def _quoting_items() -> list[dict[str, Any]]:
+    """Conversations whose answer is already in the prompt: where prompt lookup drafts well."""
+    return [
+        {
+            "custom_id": f"quote-{k}",
+            "messages": [
+                {"role": "user", "content": "What is continuous batching?"},
+                {"role": "assistant", "content": ANSWER},
+                {"role": "user", "content": QUESTION[0]["content"]},
+            ],
+            "params": {**GREEDY, "enable_thinking": k % 2 == 0},
+        }
+        for k in range(4)
+    ]
+
+
+@pytest.fixture(scope="module")
+def vllm_db(servers: Servers) -> Iterator[tuple[str, str, sa.Engine]]:
+    url = recreate_database(servers.postgres_admin_url, "thinkbatch_reasoning")
+    migrate(url)
+    engine = sa.create_engine(url)
+    yield url, redis_db(servers.redis_url, 1), engine
+    engine.dispose()
+
+
+def _settings(url: str, redis_url: str, **overrides: Any) -> Settings:
+    env = {k.lower(): v for k, v in VLLM_ENV.items()}
+    return make_settings(
+        url,
+        redis_url,
+        **{**env, "item_deadline_s": 120, "lease_s": 180, "visibility_timeout_s": 600, **overrides},
+    )
+
+
+def _run(settings: Settings, db: sa.Engine, items: list[dict[str, Any]]) -> dict[str, Any]:
+    """One job on a fresh runner with this engine; every item record by custom_id, and the
+    engine's speculative decoding figures."""
+    with orm.Session(db) as session, session.begin():
+        spec = JobCreate.model_validate({"items": items})
+        job_id: uuid.UUID = service.create_job(session, Caller(TENANT, None), spec, settings).id
+    engine = create_engine(settings)
+    runner = Runner(settings, engine=engine, db=db, publish=lambda _: True)
+    runner.start()
+    try:
+        thread = threading.Thread(target=lambda: runner.drive(job_id, lambda d, t: None))
+        thread.start()
+        thread.join(240)
+        spec_stats = engine.speculative_stats()
+    finally:
+        runner.close(timeout=30)
+    lines = b"".join(service.iter_results(db, Caller(TENANT, None), job_id, status=None))
+    records = {r["custom_id"]: r for r in map(json.loads, lines.splitlines())}
+    assert all(r["status"] == "succeeded" for r in records.values()), records
+    return {"items": records, "speculative": spec_stats}
+
+
+@pytest.fixture(scope="module")
+def plain(vllm_db: tuple[str, str, sa.Engine]) -> dict[str, Any]:
+    url, redis_url, db = vllm_db
+    return _run(_settings(url, redis_url), db, _budget_items() + _quoting_items())
+
+
+@pytest.fixture(scope="module")
+def speculative(vllm_db: tuple[str, str, sa.Engine], plain: dict[str, Any]) -> dict[str, Any]:
+    url, redis_url, db = vllm_db
+    return _run(_settings(url, redis_url, speculative_config=NGRAM), db,
+                _budget_items() + _quoting_items())  # fmt: skip
+
+
+def test_the_thinking_budget_closes_the_thinking_and_the_model_answers(
+    plain: dict[str, Any],
+) -> None:
+    got = plain["items"]
+    for name, budget in (("b4", 4), ("b16", 16)):
+        item = got[name]
+        assert item["usage"]["reasoning_tokens"] <= budget + 1, item
+        assert item["answer"], item
+        assert item["thinking_truncated"] is True, item
+        assert item["finish_reason"] == "stop", item
+    free = got["none"]
+    assert free["answer"] and free["thinking_truncated"] is False, free
+    assert free["usage"]["reasoning_tokens"] > 17  # it thinks longer than the 16 budget
+    # Thought past max_tokens without a budget: no answer; with one, an answer within it.
+    assert got["cut"]["answer"] == "" and got["cut"]["thinking_truncated"] is True
+    assert got["cut-b"]["answer"], got["cut-b"]
+    assert got["cut-b"]["usage"]["reasoning_tokens"] <= 5
+
+
+def test_speculation_runs_and_leaves_greedy_answers_unchanged(
+    plain: dict[str, Any], speculative: dict[str, Any]
+) -> None:
+    stats = speculative["speculative"]
+    assert plain["speculative"] is None
+    assert stats is not None and stats.drafts > 0 and stats.accepted_tokens > 0, stats
+    print(stats.summary())
+    for custom_id, record in plain["items"].items():
+        other = speculative["items"][custom_id]
+        assert (other["thinking"], other["answer"]) == (record["thinking"], record["answer"])
+        assert other["usage"] == record["usage"]
+        assert other["thinking_truncated"] == record["thinking_truncated"]
