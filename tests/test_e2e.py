@@ -25,8 +25,10 @@ from tests.stacks import build_demo_model
 from tests.stacks import make_stack
 from tests.stacks import redis_db
 from thinkbatch.db import migrate
+from thinkbatch.local_services import free_port
 
 pytestmark = pytest.mark.e2e
+WORKER_METRICS_PORT = free_port()
 
 THINK = {"enable_thinking": True}
 NO_THINK = {"enable_thinking": False}
@@ -64,7 +66,7 @@ def e2e(
     try:
         api = stack.start_api()
         flower = stack.start_flower(FLOWER_AUTH)
-        stack.start_worker("worker")
+        stack.start_worker("worker", env={"WORKER_METRICS_PORT": str(WORKER_METRICS_PORT)})
         assert api.port is not None
         yield Client(api.port, api_key(url)), sa.create_engine(url), broker, flower.port
     finally:
@@ -184,3 +186,22 @@ def test_stop_strings_and_the_one_shot_decode_agree(
     cut = run([cut_at])
     assert cut["finish_reason"] == "stop"
     assert cut["usage"]["completion_tokens"] < plain["usage"]["completion_tokens"]
+
+
+def test_the_engines_scheduler_load_is_in_the_worker_metrics(
+    e2e: tuple[Client, sa.Engine, str, int | None],
+) -> None:
+    """vLLM's per-step scheduler stats reach the worker's gauges while a job runs."""
+    client, _, _, _ = e2e
+    items = [{"prompt": f"question {i}"} for i in range(64)]
+    job = client.submit(items, params={"max_tokens": 64, "ignore_eos": True})
+    seen: dict[str, float] = {}
+    url = f"http://127.0.0.1:{WORKER_METRICS_PORT}/metrics"
+    while client.job(job["id"])["status"] in ("queued", "running"):
+        for line in httpx.get(url, timeout=10).text.splitlines():
+            name, _, value = line.partition(" ")
+            if name.startswith("thinkbatch_worker_engine_"):
+                seen[name] = max(seen.get(name, 0.0), float(value))
+    assert client.wait(job["id"])["status"] == "completed"
+    assert seen["thinkbatch_worker_engine_running_requests"] > 0, seen
+    assert 0 < seen["thinkbatch_worker_engine_kv_cache_usage_ratio"] <= 1, seen

@@ -109,6 +109,16 @@ class SpeculativeStats:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class SchedulerLoad:
+    """The engine scheduler's state at its last step: requests waiting for a slot, requests
+    running, and the fraction of the KV cache in use (0-1)."""
+
+    waiting: int
+    running: int
+    kv_cache_usage: float
+
+
 class Engine(Protocol):
     think: ThinkTokens
 
@@ -125,6 +135,9 @@ class Engine(Protocol):
 
     def speculative_stats(self) -> SpeculativeStats | None:
         """Speculative decoding figures since start (None when speculation is off)."""
+
+    def scheduler_load(self) -> SchedulerLoad | None:
+        """The scheduler's load at its last step (None before the first step)."""
 
     async def shutdown(self) -> None:
         """Stop the engine and its processes."""

@@ -34,6 +34,7 @@ from worker.engine import EngineDead
 from worker.engine import Generation
 from worker.engine import ItemRejected
 from worker.engine import Prepared
+from worker.engine import SchedulerLoad
 from worker.engine import ThinkTokens
 
 SPECIAL = {"<|im_start|>": 1, "<|im_end|>": 2, "<think>": 3, "</think>": 4, "<|endoftext|>": 5}
@@ -217,6 +218,12 @@ class FakeEngine:
                 else:
                     still.append(seq)
             self._running = still
+
+    def scheduler_load(self) -> SchedulerLoad:
+        """Its own queue and batch; it has no KV cache, so no usage to report."""
+        return SchedulerLoad(
+            waiting=len(self._waiting), running=len(self._running), kv_cache_usage=0.0
+        )
 
     def speculative_stats(self) -> None:
         """No speculation here (the vLLM engine reports its figures)."""

@@ -81,6 +81,32 @@ class WorkerMetrics:
             "thinkbatch_worker_items_per_second",
             f"Items stored as succeeded per second over the last {RATE_WINDOW_S:g} s.",
         )
+        # The engine's own scheduler, at its last step (vLLM's scheduler stats).
+        self.engine_waiting = Gauge(
+            "thinkbatch_worker_engine_waiting_requests",
+            "Requests waiting in the engine's scheduler for a batch slot.",
+        )
+        self.engine_running = Gauge(
+            "thinkbatch_worker_engine_running_requests",
+            "Requests in the engine's running batch.",
+        )
+        self.kv_cache_usage = Gauge(
+            "thinkbatch_worker_engine_kv_cache_usage_ratio",
+            "Fraction of the engine's KV cache in use (0-1).",
+        )
+        # Speculative decoding since the engine started (0 when it is off).
+        self.spec_draft_tokens = Gauge(
+            "thinkbatch_worker_spec_decode_draft_tokens",
+            "Tokens drafted by speculative decoding since the engine started.",
+        )
+        self.spec_accepted_tokens = Gauge(
+            "thinkbatch_worker_spec_decode_accepted_tokens",
+            "Drafted tokens the target model accepted since the engine started.",
+        )
+        self.spec_acceptance_length = Gauge(
+            "thinkbatch_worker_spec_decode_mean_acceptance_length",
+            "Tokens produced per verification step (1 + accepted / drafts).",
+        )
         self.info = Info("thinkbatch_worker", "Model and engine this worker serves.")
         self._recent: collections.deque[tuple[float, int, int]] = collections.deque()
         self._lock = threading.Lock()
@@ -131,6 +157,23 @@ class WorkerMetrics:
     def watch(self, runner: Runner) -> None:
         """Read the runner's load when scraped."""
         self.in_engine.set_function(lambda: runner._inflight)
+        engine = runner.engine
+
+        def load(field: str) -> float:
+            current = engine.scheduler_load()
+            return float(getattr(current, field)) if current is not None else 0.0
+
+        def spec(field: str) -> float:
+            current = engine.speculative_stats()
+            value = getattr(current, field) if current is not None else None
+            return float(value or 0.0)
+
+        self.engine_waiting.set_function(lambda: load("waiting"))
+        self.engine_running.set_function(lambda: load("running"))
+        self.kv_cache_usage.set_function(lambda: load("kv_cache_usage"))
+        self.spec_draft_tokens.set_function(lambda: spec("draft_tokens"))
+        self.spec_accepted_tokens.set_function(lambda: spec("accepted_tokens"))
+        self.spec_acceptance_length.set_function(lambda: spec("acceptance_length"))
         self.window.set(runner.window)
         described = runner.describe()
         self.info.info(

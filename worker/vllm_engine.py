@@ -39,6 +39,7 @@ from worker.engine import EngineDead
 from worker.engine import Generation
 from worker.engine import ItemRejected
 from worker.engine import Prepared
+from worker.engine import SchedulerLoad
 from worker.engine import SpeculativeStats
 from worker.engine import ThinkTokens
 
@@ -118,21 +119,20 @@ def configure_environment(settings: Settings, device: str = "cuda") -> None:
 SPEC_LOG_INTERVAL_S = 60.0
 
 
-class _SpeculativeCounter(StatLoggerBase):
-    """Sums vLLM's per-step spec-decode stats into the engine's `SpeculativeStats`, and logs
-    them now and then. A custom stat logger turns on the engine's stats without its default
-    loggers, so it is installed only when speculative decoding is configured."""
+class _EngineStats(StatLoggerBase):
+    """Keeps the scheduler's load of vLLM's last step (waiting and running requests, KV-cache
+    usage) and sums its spec-decode stats into the engine's `SpeculativeStats` (logged now and
+    then). A custom stat logger turns on the engine's stats without its default loggers, which
+    would log a line every few seconds and register vLLM's own Prometheus metrics."""
 
     def __init__(
         self,
         vllm_config: Any,
         engine_index: int = 0,
         *,
-        into: SpeculativeStats,
-        lock: threading.Lock,
+        engine: VLLMEngine,
     ):
-        self.stats = into
-        self.lock = lock
+        self.engine = engine
         self.logged = time.monotonic()
 
     def record(
@@ -142,11 +142,19 @@ class _SpeculativeCounter(StatLoggerBase):
         mm_cache_stats: Any = None,
         engine_idx: int = 0,
     ) -> None:
-        spec = getattr(scheduler_stats, "spec_decoding_stats", None)
-        if spec is None:
+        if scheduler_stats is None:
             return
-        with self.lock:
-            self.stats.add(
+        self.engine._load = SchedulerLoad(  # one reference swap: readers need no lock
+            waiting=scheduler_stats.num_waiting_reqs,
+            running=scheduler_stats.num_running_reqs,
+            kv_cache_usage=scheduler_stats.kv_cache_usage,
+        )
+        spec = getattr(scheduler_stats, "spec_decoding_stats", None)
+        stats = self.engine._spec
+        if spec is None or stats is None:
+            return
+        with self.engine._spec_lock:
+            stats.add(
                 spec.num_drafts,
                 spec.num_draft_tokens,
                 spec.num_accepted_tokens,
@@ -154,7 +162,7 @@ class _SpeculativeCounter(StatLoggerBase):
             )
         if time.monotonic() - self.logged >= SPEC_LOG_INTERVAL_S:
             self.logged = time.monotonic()
-            log.info("%s", self.stats.summary())
+            log.info("%s", stats.summary())
 
     def log_engine_initialized(self) -> None:
         pass
@@ -171,6 +179,7 @@ class VLLMEngine:
         self._backend: Any = None
         self.budget_ok = False  # the reasoning config matched the model's think tokens
         self._spec_lock = threading.Lock()
+        self._load: SchedulerLoad | None = None
         spec = settings.speculative_config or {}
         self._spec = (
             SpeculativeStats(
@@ -185,14 +194,11 @@ class VLLMEngine:
         device = device_type()
         configure_environment(self.settings, device)
         model = resolve_model(self.settings)
-        loggers: list[Any] | None = None
-        if self._spec is not None:
-            stats = self._spec
 
-            def counter(config: Any, index: int = 0) -> _SpeculativeCounter:
-                return _SpeculativeCounter(config, index, into=stats, lock=self._spec_lock)
+        def stats_logger(config: Any, index: int = 0) -> _EngineStats:
+            return _EngineStats(config, index, engine=self)
 
-            loggers = [counter]
+        loggers = [stats_logger]
         self.llm = AsyncLLM.from_engine_args(
             engine_args(self.settings, model, device), stat_loggers=loggers
         )
@@ -242,6 +248,9 @@ class VLLMEngine:
                 end,
             )
         return ok
+
+    def scheduler_load(self) -> SchedulerLoad | None:
+        return self._load
 
     def speculative_stats(self) -> SpeculativeStats | None:
         """Speculative decoding figures of this worker's engine since it started (None when

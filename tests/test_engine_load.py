@@ -1,0 +1,79 @@
+"""The engine's scheduler load and speculative-decoding figures reach the worker's metrics:
+vLLM's own per-step stats objects are fed to the stat logger the engine installs, and the
+Prometheus gauges read them back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import REGISTRY
+from vllm.v1.metrics.stats import SchedulerStats
+from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
+from tests.conftest import make_settings
+from worker.engine import SchedulerLoad
+from worker.metrics import metrics
+from worker.vllm_engine import VLLMEngine
+from worker.vllm_engine import _EngineStats
+
+
+class _Runner:
+    """What the metrics read of a runner."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+        self._inflight = 0
+        self.window = 8
+
+    def describe(self) -> dict[str, object]:
+        return dict.fromkeys(("model", "engine", "max_num_seqs", "dtype", "owner"), "x")
+
+
+def _gauge(name: str) -> float:
+    value = REGISTRY.get_sample_value(name)
+    assert value is not None, name
+    return value
+
+
+def test_the_last_steps_load_and_speculation_reach_the_gauges() -> None:
+    settings = make_settings(
+        "postgresql+psycopg://unused/x",
+        "redis://unused/0",
+        speculative_config={"method": "ngram", "num_speculative_tokens": 4},
+    )
+    engine = VLLMEngine(settings)  # not started: only its stat logger is exercised
+    logger = _EngineStats(None, 0, engine=engine)
+    assert engine.scheduler_load() is None
+    for waiting, running, usage, accepted in ((5, 32, 0.25, 3), (2, 30, 0.5, 4)):
+        logger.record(
+            SchedulerStats(
+                num_running_reqs=running,
+                num_waiting_reqs=waiting,
+                kv_cache_usage=usage,
+                spec_decoding_stats=SpecDecodingStats(
+                    num_spec_tokens=4,
+                    num_drafts=2,
+                    num_draft_tokens=8,
+                    num_accepted_tokens=accepted,
+                    num_accepted_tokens_per_pos=[2, 1, 0, 0],
+                ),
+            ),
+            None,
+        )
+    assert engine.scheduler_load() == SchedulerLoad(waiting=2, running=30, kv_cache_usage=0.5)
+    metrics.watch(_Runner(engine))  # type: ignore[arg-type]
+    assert _gauge("thinkbatch_worker_engine_waiting_requests") == 2
+    assert _gauge("thinkbatch_worker_engine_running_requests") == 30
+    assert _gauge("thinkbatch_worker_engine_kv_cache_usage_ratio") == 0.5
+    assert _gauge("thinkbatch_worker_spec_decode_draft_tokens") == 16
+    assert _gauge("thinkbatch_worker_spec_decode_accepted_tokens") == 7
+    assert _gauge("thinkbatch_worker_spec_decode_mean_acceptance_length") == 1 + 7 / 4
+
+
+def test_a_step_without_scheduler_stats_keeps_the_last_load() -> None:
+    engine = VLLMEngine(make_settings("postgresql+psycopg://unused/x", "redis://unused/0"))
+    logger = _EngineStats(None, 0, engine=engine)
+    logger.record(SchedulerStats(num_running_reqs=1, num_waiting_reqs=0, kv_cache_usage=0.1), None)
+    logger.record(None, None)
+    assert engine.scheduler_load() == SchedulerLoad(waiting=0, running=1, kv_cache_usage=0.1)
+    assert engine.speculative_stats() is None  # no speculation configured
