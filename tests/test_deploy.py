@@ -176,11 +176,16 @@ def test_gpu_check_finds_nvcc_only_where_it_is(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this host has nvidia-smi")
-def test_gpu_check_refuses_cleanly_without_a_gpu() -> None:
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts/gpu_check.py")], capture_output=True, text=True
-    )
-    assert out.returncode == 2
+@pytest.mark.parametrize(
+    "command",
+    [
+        [sys.executable, str(ROOT / "scripts/gpu_check.py")],  # what make gpu-check runs
+        [sys.executable, "-m", "thinkbatch.cli", "gpu-check"],  # thinkbatch gpu-check
+    ],
+)
+def test_gpu_check_refuses_cleanly_without_a_gpu(command: list[str]) -> None:
+    out = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2, out.stderr
     assert "no NVIDIA GPU found" in out.stdout
 
 

@@ -13,6 +13,7 @@ expired, 1 an HTTP, connection or input error (one line on stderr), 2 a usage er
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -232,6 +233,22 @@ def cancel(
 
 
 # --- progress ---------------------------------------------------------------------------------
+
+
+@app.command(
+    name="gpu-check",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def gpu_check(ctx: typer.Context) -> None:
+    """On a GPU host, from a checkout: the one-command GPU self-test (as `make gpu-check`;
+    arguments go to scripts/gpu_check.py, e.g. --model Qwen/Qwen3-8B)."""
+    script = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.py"
+    if not script.exists():
+        raise CliError("gpu-check runs from a thinkbatch checkout: there, run `make gpu-check`")
+    # The checkout's own script: it checks the host before anything is installed, then
+    # installs and starts the stack, as make does.
+    code = subprocess.call([sys.executable, str(script), *ctx.args])
+    raise typer.Exit(code)
 
 
 def _counts(job: dict[str, Any]) -> tuple[int, int, int]:
