@@ -53,6 +53,29 @@ def test_the_job_reports_what_thinking_cost(client: FlaskClient, finished: uuid.
     }
 
 
+def test_a_finished_job_never_shows_figures_cached_while_it_ran(
+    client: FlaskClient, db: sa.Engine, settings: Settings
+) -> None:
+    job_id = seed_job(db, settings, n=len(RESULTS))
+    _complete(db, job_id, RESULTS[:1])
+    running = client.get(f"/v1/jobs/{job_id}").json
+    assert running["status"] == "running" and running["stats"]["thinking_tokens"]["items"] == 1
+    with db.begin() as conn:
+        claimed = ledger.claim(conn, job_id, owner="w", n=len(RESULTS) - 1, lease_s=60)
+        ledger.complete(
+            conn,
+            "w",
+            [
+                ledger.Done(c.id, job_id, c.attempt, t, a, f, tr, 5, comp, reas)
+                for c, (t, a, f, tr, comp, reas) in zip(claimed, RESULTS[1:], strict=True)
+            ],
+        )
+        ledger.finalize_jobs(conn, [job_id])
+    done = client.get(f"/v1/jobs/{job_id}").json  # within the running job's cache time
+    assert done["status"] == "completed"
+    assert done["stats"]["thinking_tokens"]["items"] == 4, done["stats"]
+
+
 def test_a_job_without_results_has_empty_stats(
     client: FlaskClient, db: sa.Engine, settings: Settings
 ) -> None:

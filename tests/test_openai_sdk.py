@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -405,6 +406,11 @@ def test_cli_end_to_end(env: Env, tmp_path: Path) -> None:
     assert batch_id.startswith("batch_")
     assert "completed 3/3 done, 0 failed" in run.stdout
     assert "reasoning)" in run.stdout
+    # The job's thinking statistics close the summary (3 items thought, none truncated).
+    assert re.search(
+        r"thinking: \d+% of completion tokens; 3 items thought, tokens p50 \d+", run.stdout
+    )
+    assert "truncated by budget 0, by max_tokens 0" in run.stdout, run.stdout
 
     out = tmp_path / "out.jsonl"
     got = cli(env, "results", batch_id, "-o", str(out), "--format", "openai")

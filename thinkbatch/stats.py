@@ -60,9 +60,10 @@ class _Cache:
     def __init__(self, size: int):
         self.size = size
         self.lock = threading.Lock()
-        self.entries: OrderedDict[uuid.UUID, tuple[float, JobStats]] = OrderedDict()
+        # job -> (expiry, (computed while running, figures))
+        self.entries: OrderedDict[uuid.UUID, tuple[float, tuple[bool, JobStats]]] = OrderedDict()
 
-    def get(self, key: uuid.UUID) -> JobStats | None:
+    def get(self, key: uuid.UUID) -> tuple[bool, JobStats] | None:
         with self.lock:
             entry = self.entries.get(key)
             if entry is None or entry[0] < time.monotonic():
@@ -70,7 +71,7 @@ class _Cache:
             self.entries.move_to_end(key)
             return entry[1]
 
-    def put(self, key: uuid.UUID, value: JobStats, ttl: float) -> None:
+    def put(self, key: uuid.UUID, value: tuple[bool, JobStats], ttl: float) -> None:
         with self.lock:
             self.entries[key] = (time.monotonic() + ttl, value)
             self.entries.move_to_end(key)
@@ -92,12 +93,13 @@ def empty() -> JobStats:
 
 def job_stats(session: orm.Session, job: Job) -> JobStats:
     """The job's statistics; the caller has checked that the job is the caller's."""
+    running = JobStatus(job.status) in _RUNNING
     cached = _cache.get(job.id)
-    if cached is not None:
-        return cached
-    status = JobStatus(job.status)
+    # A finished job never gets figures cached while it ran: its last results came after them.
+    if cached is not None and (running or not cached[0]):
+        return cached[1]
     figures = compute(session, job.id, job.reasoning_tokens, job.completion_tokens)
-    _cache.put(job.id, figures, STATS_TTL_S if status in _RUNNING else float("inf"))
+    _cache.put(job.id, (running, figures), STATS_TTL_S if running else float("inf"))
     return figures
 
 

@@ -270,7 +270,24 @@ def _line(job_id: str, job: dict[str, Any], *, rate: float | None, eta: float | 
             f"; tokens: {u['prompt_tokens']} prompt, {u['completion_tokens']} completion "
             f"({u['reasoning_tokens']} reasoning)"
         )
+        text += _thinking(job.get("stats"))
     return text
+
+
+def _thinking(stats: dict[str, Any] | None) -> str:
+    """The job's thinking statistics as one more line (empty when the job has none)."""
+    if not stats or stats.get("reasoning_share") is None:
+        return ""
+    length, cut = stats["thinking_tokens"], stats["thinking_truncated"]
+    text = f"\nthinking: {stats['reasoning_share']:.0%} of completion tokens"
+    if length["items"]:
+        text += (
+            f"; {length['items']} items thought, tokens p50 {length['p50']}, "
+            f"p90 {length['p90']}, max {length['max']}"
+        )
+    return text + (
+        f"; truncated by budget {cut['by_budget']}, by max_tokens {cut['by_max_tokens']}"
+    )
 
 
 def _exit_code(job: dict[str, Any]) -> int:
