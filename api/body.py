@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import socket
 import tempfile
+import threading
 from typing import IO
 
 from flask import request
@@ -56,6 +57,7 @@ def spool(settings: Settings) -> IO[bytes]:
         # the thread for good. The timeout bounds each wait for bytes, not the whole upload, so
         # a large body on a slow but live link still gets through.
         sock.settimeout(settings.request_read_timeout_s)
+    watchdog = BodyDeadline(sock, settings, request.content_length)
     out = tempfile.SpooledTemporaryFile(max_size=settings.spool_memory_bytes)  # noqa: SIM115
     try:
         stream = request.stream  # werkzeug raises 413 here when Content-Length is over the limit
@@ -65,8 +67,13 @@ def spool(settings: Settings) -> IO[bytes]:
             if total > settings.max_request_bytes:  # a chunked body has no Content-Length
                 raise RequestEntityTooLarge()
             out.write(chunk)
+        if watchdog.fired:  # reading was ended under the client: what came is not the body
+            _stop_reading(sock)
+            raise TooSlowBody(settings.request_min_bytes_per_s)
     except ClientDisconnected as error:
         out.close()
+        if watchdog.fired:
+            raise TooSlowBody(settings.request_min_bytes_per_s) from None
         # werkzeug reports any failed read as a disconnect; the socket timeout is its cause
         # when the client went silent (the TimeoutError is the exception's context).
         if isinstance(error.__context__, TimeoutError):
@@ -84,6 +91,7 @@ def spool(settings: Settings) -> IO[bytes]:
         out.close()
         raise
     finally:
+        watchdog.cancel()
         if isinstance(sock, socket.socket):
             try:
                 sock.settimeout(None)  # gunicorn writes the response in blocking mode
@@ -91,6 +99,34 @@ def spool(settings: Settings) -> IO[bytes]:
                 pass
     out.seek(0)
     return out
+
+
+class BodyDeadline:
+    """The whole body's deadline: REQUEST_READ_TIMEOUT_S plus its length at
+    REQUEST_MIN_BYTES_PER_S (MAX_REQUEST_BYTES when no length is declared). A client that
+    trickles a byte now and then never trips the per-read timeout, and gunicorn fills a read
+    before it returns, so the time is kept apart: when it is up, reading ends and the client
+    gets 408."""
+
+    def __init__(self, sock: object, settings: Settings, length: int | None):
+        self.fired = False
+        self.timer: threading.Timer | None = None
+        if not isinstance(sock, socket.socket):
+            return  # not under gunicorn (tests' WSGI client): nothing reads from a network
+
+        def expire() -> None:
+            self.fired = True
+            _stop_reading(sock)
+
+        size = length if length is not None else settings.max_request_bytes
+        budget = settings.request_read_timeout_s + size / settings.request_min_bytes_per_s
+        self.timer = threading.Timer(budget, expire)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def cancel(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
 
 
 def _stop_reading(sock: object) -> None:
@@ -107,3 +143,11 @@ def _stop_reading(sock: object) -> None:
 class _StalledBody(RequestTimeout):
     def __init__(self, timeout_s: float):
         super().__init__(f"the request body stalled: no bytes for {timeout_s:g} seconds")
+
+
+class TooSlowBody(RequestTimeout):
+    def __init__(self, min_rate: int):
+        super().__init__(
+            f"the request body is arriving too slowly: below {min_rate} bytes/s on average "
+            "(REQUEST_MIN_BYTES_PER_S)"
+        )

@@ -16,6 +16,8 @@ from werkzeug.exceptions import UnsupportedMediaType
 from api import params
 from api import services
 from api.auth import caller
+from api.body import BodyDeadline
+from api.body import TooSlowBody
 from api.errors import error_response
 from api.openapi import Doc
 from api.openapi import Query
@@ -54,13 +56,19 @@ def _form() -> None:
     sock = request.environ.get("gunicorn.socket")
     if isinstance(sock, socket.socket):
         sock.settimeout(svc.settings.request_read_timeout_s)
+    deadline = BodyDeadline(sock, svc.settings, request.content_length)
     try:
         request.files  # noqa: B018 - parses the form
+        if deadline.fired:
+            raise TooSlowBody(svc.settings.request_min_bytes_per_s)
     except ClientDisconnected as error:
+        if deadline.fired:
+            raise TooSlowBody(svc.settings.request_min_bytes_per_s) from None
         if isinstance(error.__context__, TimeoutError):
             raise RequestTimeout("the request body stalled") from None
         raise
     finally:
+        deadline.cancel()
         if isinstance(sock, socket.socket):
             try:
                 sock.settimeout(None)

@@ -89,3 +89,33 @@ def test_stalled_uploads_do_not_block_others(api: Proc, db: sa.Engine) -> None:
             sock.close()
     with db.connect() as conn:  # only the complete submits were stored
         assert conn.execute(sa.text("SELECT count(*) FROM jobs")).scalar() == 4 + 3
+
+
+def test_a_trickling_upload_is_cut_off(api: Proc, db: sa.Engine) -> None:
+    """A byte every second never trips the per-read timeout; the minimum rate ends it."""
+    assert api.port is not None
+    key = make_key(db, TENANT)
+    sock = stall(api.port, key)  # headers and half a body...
+    try:
+        sock.settimeout(1.0)
+        started = time.monotonic()
+        head = b""
+        while not head and time.monotonic() - started < READ_TIMEOUT_S + 20:
+            try:
+                sock.sendall(b" ")  # ...then a byte a second: JSON whitespace, a valid body
+            except OSError:
+                break  # the server closed its side
+            try:
+                head = sock.recv(65536)
+            except TimeoutError:
+                continue
+        assert head.startswith(b"HTTP/1.1 408"), head[:300]
+        sock.settimeout(10)
+        while b"}}" not in head and (chunk := sock.recv(65536)):
+            head += chunk
+        assert b"too slowly" in head, head
+        assert time.monotonic() - started < READ_TIMEOUT_S + 10
+    finally:
+        sock.close()
+    with db.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM jobs")).scalar() == 0

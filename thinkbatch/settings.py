@@ -143,6 +143,12 @@ class Settings(BaseSettings):
         gt=0,
         description="Longest the API waits for the next bytes of a request body (408 after).",
     )
+    request_min_bytes_per_s: int = Field(
+        4096,
+        ge=1,
+        description="After REQUEST_READ_TIMEOUT_S, a request body must arrive at least this fast "
+        "on average (408 otherwise), so a trickling client cannot hold a thread for long.",
+    )
     spool_memory_bytes: int = Field(
         1024 * 1024,
         ge=0,
