@@ -129,14 +129,16 @@ def test_a_job_end_to_end(e2e: tuple[Client, sa.Engine, str, int | None]) -> Non
     # The JSONL download holds exactly the records of the items endpoint.
     assert [json.loads(line) for line in client.results(job["id"])] == list(items.values())
 
-    # Flower's view: the task reported the custom PROGRESS state with {job_id, done, total}.
+    # The task's result, kept in the backend (Flower's /api/task/result): the final counts.
     backend = redis.Redis.from_url(broker)
     states = [json.loads(backend.get(k)) for k in backend.scan_iter("celery-task-meta-*")]
-    progress = [s for s in states if s["status"] == "PROGRESS"]
-    assert any(
-        s["result"] == {"job_id": job["id"], "done": len(ITEMS), "total": len(ITEMS)}
-        for s in progress
-    ), progress
+    finals = [
+        s["result"]
+        for s in states
+        if s["status"] == "SUCCESS" and (s["result"] or {}).get("job_id") == job["id"]
+    ]
+    n = len(ITEMS)
+    assert any(r["done"] == n and r["total"] == n for r in finals), states
     # And Flower, fed by the worker's events, lists the task that drove this job.
     flower = f"http://127.0.0.1:{flower_port}/api/tasks"
     assert httpx.get(flower, timeout=30).status_code == 401  # no credentials, no Flower API
@@ -144,6 +146,8 @@ def test_a_job_end_to_end(e2e: tuple[Client, sa.Engine, str, int | None]) -> Non
     ours = [t for t in tasks.values() if job["id"] in (t.get("args") or "")]
     assert ours and {t["name"] for t in ours} == {"thinkbatch.run_job"}
     assert any(t["state"] == "SUCCESS" for t in ours), ours
+    # ...with its final progress in the result column Flower prints.
+    assert any(f"'progress': '{n}/{n}'" in (t.get("result") or "") for t in ours), ours
 
 
 def test_thinking_cut_by_max_tokens_is_flagged(
@@ -193,8 +197,9 @@ def test_the_engines_scheduler_load_is_in_the_worker_metrics(
 ) -> None:
     """vLLM's per-step scheduler stats reach the worker's gauges while a job runs."""
     client, _, _, _ = e2e
-    items = [{"prompt": f"question {i}"} for i in range(64)]
-    job = client.submit(items, params={"max_tokens": 64, "ignore_eos": True})
+    # Long enough (a few seconds here) to be sampled while it runs.
+    items = [{"prompt": f"question {i}"} for i in range(128)]
+    job = client.submit(items, params={"max_tokens": 400, "ignore_eos": True})
     seen: dict[str, float] = {}
     url = f"http://127.0.0.1:{WORKER_METRICS_PORT}/metrics"
     while client.job(job["id"])["status"] in ("queued", "running"):
