@@ -236,3 +236,40 @@ def test_a_retryable_failure_in_a_cancelling_job_ends_the_item(
     with db.connect() as conn:
         status = conn.execute(sa.text("SELECT status FROM jobs WHERE id = :id"), {"id": job_id})
         assert status.scalar_one() == "cancelled"
+
+
+def test_the_sweeper_removes_expired_files_bytes(db: sa.Engine, settings: Settings) -> None:
+    with db.begin() as conn:
+        conn.execute(sa.text("TRUNCATE files CASCADE"))
+        expiries = {
+            "old": "now() - interval '1 second'",
+            "new": "now() + interval '1 hour'",
+            "forever": "NULL",
+        }
+        for name, expires in expiries.items():
+            conn.execute(
+                sa.text(
+                    "INSERT INTO files (id, tenant, kind, purpose, filename, bytes, created_at,"
+                    " expires_at) VALUES (:id, 'acme', 'upload', 'batch', :name, 3, now(),"
+                    f" {expires})"
+                ),
+                {"id": uuid.uuid5(uuid.NAMESPACE_DNS, name), "name": name},
+            )
+            conn.execute(
+                sa.text("INSERT INTO file_chunks (file_id, seq, data) VALUES (:id, 0, 'abc')"),
+                {"id": uuid.uuid5(uuid.NAMESPACE_DNS, name)},
+            )
+    report = sweep(db, settings, publish=lambda job_id: True)
+    assert report.files_expired == 1
+    with db.connect() as conn:
+        left = dict(
+            conn.execute(
+                sa.text(
+                    "SELECT f.filename, count(c.seq) FROM files f"
+                    " LEFT JOIN file_chunks c ON c.file_id = f.id"
+                    " WHERE f.deleted_at IS NULL GROUP BY f.filename"
+                )
+            ).all()
+        )
+    assert left == {"new": 1, "forever": 1}
+    assert sweep(db, settings, publish=lambda job_id: True).files_expired == 0

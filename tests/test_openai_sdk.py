@@ -196,6 +196,27 @@ def test_completions_batch(env: Env) -> None:
         assert body.object == "text_completion" and body.choices[0].text
 
 
+def test_output_files_expire_as_the_batch_asked(env: Env) -> None:
+    batch = env.sdk.batches.create(
+        input_file_id=upload(env, jsonl([chat_line("x", "hello")])),
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        output_expires_after={"anchor": "created_at", "seconds": 7200},
+    )
+    done = wait(env, batch.id, ("completed", "failed"))
+    assert done.status == "completed" and done.output_file_id
+    output = env.sdk.files.retrieve(done.output_file_id)
+    assert output.purpose == "batch_output"
+    assert output.expires_at == output.created_at + 7200
+    with pytest.raises(openai.BadRequestError):  # outside OpenAI's bounds (1 h to 30 days)
+        env.sdk.batches.create(
+            input_file_id=upload(env, jsonl([chat_line("y", "hi")])),
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            output_expires_after={"anchor": "created_at", "seconds": 60},
+        )
+
+
 # 4 ---------------------------------------------------------------------------------------------
 def test_bad_lines_fail_the_batch_and_store_nothing(env: Env) -> None:
     lines = [

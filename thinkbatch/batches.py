@@ -154,6 +154,8 @@ def create_batch(
     job.input_file_id = upload.id
     job.completion_window_text = spec.completion_window
     job.idempotency_key = idempotency_key
+    if spec.output_expires_after is not None:
+        job.output_expires_after_s = spec.output_expires_after.seconds
     job.meta = dict(spec.metadata or {})
     session.flush()
     savepoint = session.begin_nested()
@@ -378,7 +380,11 @@ def _finish_files(session: orm.Session, engine: sa.Engine, job: Job) -> None:
             bytes=size,
             job_id=locked.id,
             created_at=now,
-            expires_at=None,
+            expires_at=(
+                now + timedelta(seconds=locked.output_expires_after_s)
+                if locked.output_expires_after_s
+                else None
+            ),
         )
         session.add(record)
         made[kind] = record.id

@@ -143,6 +143,9 @@ class Job(Base):
     # Set once the job is finished (its output is then fixed); see thinkbatch/batches.py.
     output_file_id: orm.Mapped[uuid.UUID | None]
     error_file_id: orm.Mapped[uuid.UUID | None]
+    # The batch's output_expires_after: its output and error files expire this long after
+    # they are made.
+    output_expires_after_s: orm.Mapped[int | None]
 
     __table_args__ = (
         # Newest-first listing (a tenant's own) and the sweeper's scan of live jobs.

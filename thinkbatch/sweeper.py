@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 SWEEP_LOCK_KEY = 0x7462_7377_6565_70
 
 
+EXPIRED_FILES_PER_SWEEP = 100
+
+
 @dataclass
 class SweepReport:
     ran: bool = False
@@ -36,6 +39,7 @@ class SweepReport:
     expired_jobs: int = 0
     finalized: int = 0
     republished: list[uuid.UUID] = field(default_factory=list)
+    files_expired: int = 0
 
 
 def sweep(
@@ -130,6 +134,33 @@ def _sweep(
 
     with engine.begin() as conn:
         report.finalized = ledger.finalize_jobs(conn)
+
+    # Files past their expires_at: their bytes go (the row stays, marked deleted, as a DELETE
+    # leaves it), a bounded number per pass so that one sweep never runs long.
+    with engine.begin() as conn:
+        report.files_expired = len(
+            conn.execute(
+                sa.text(
+                    """
+                WITH gone AS (
+                    UPDATE files SET deleted_at = now()
+                    WHERE id IN (
+                        SELECT id FROM files
+                        WHERE expires_at <= now() AND deleted_at IS NULL
+                        ORDER BY expires_at LIMIT :n FOR UPDATE SKIP LOCKED
+                    )
+                    RETURNING id
+                ), chunks AS (
+                    DELETE FROM file_chunks WHERE file_id IN (SELECT id FROM gone)
+                )
+                SELECT id FROM gone
+                """
+                ),
+                {"n": EXPIRED_FILES_PER_SWEEP},
+            ).all()
+        )
+    if report.files_expired:
+        log.info("removed %d expired file(s)", report.files_expired)
 
     with engine.connect() as conn:
         stale = (

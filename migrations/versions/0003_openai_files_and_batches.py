@@ -28,6 +28,7 @@ def upgrade() -> None:
     )
     op.add_column("jobs", sa.Column("output_file_id", sa.Uuid(), nullable=True))
     op.add_column("jobs", sa.Column("error_file_id", sa.Uuid(), nullable=True))
+    op.add_column("jobs", sa.Column("output_expires_after_s", sa.Integer(), nullable=True))
     op.create_index(
         "ix_jobs_tenant_idempotency_key",
         "jobs",
@@ -88,7 +89,7 @@ def downgrade() -> None:
     op.drop_index("ix_jobs_batches", table_name="jobs")
     op.drop_index("ix_jobs_tenant_idempotency_key", table_name="jobs")
     for column in (
-        "error_file_id", "output_file_id", "batch_errors", "cancelling_at", "idempotency_key",
+        "output_expires_after_s", "error_file_id", "output_file_id", "batch_errors", "cancelling_at", "idempotency_key",
         "completion_window_text", "input_file_id", "endpoint",
     ):
         op.drop_column("jobs", column)
