@@ -117,6 +117,13 @@ SAMPLING_LIMITS: dict[str, Limit] = {
             "Penalty for tokens already present, in [-2, 2].",
         ),
         Limit(
+            "frequency_penalty",
+            float,
+            Bound(-2.0, True, "engine"),
+            Bound(2.0, True, "engine"),
+            "Penalty by how often a token already appeared, in [-2, 2].",
+        ),
+        Limit(
             "repetition_penalty",
             float,
             Bound(0.0, False, "engine"),

@@ -42,6 +42,7 @@ _SAMPLING = (
     "seed",
     "stop",
     "presence_penalty",
+    "frequency_penalty",
     "repetition_penalty",
 )
 
@@ -82,7 +83,7 @@ class _Body(BaseModel):
     seed: Any = None
     stop: Any = None
     presence_penalty: Any = None
-    frequency_penalty: float | None = None
+    frequency_penalty: Any = None
     repetition_penalty: Any = None
     n: Literal[1] | None = None
     stream: Literal[False] | None = None
@@ -203,12 +204,6 @@ def parse_line(raw: bytes, endpoint: str, *, max_depth: int) -> ParsedLine:
         body = body_model.model_validate(line.body)
     except ValidationError as error:
         raise _from_validation(error, "body") from None
-    if body.frequency_penalty not in (None, 0, 0.0):
-        raise LineError(
-            "body.frequency_penalty: only 0 is supported by this server",
-            "body.frequency_penalty",
-            "unsupported_value",
-        )
     sampling: dict[str, Any] = {
         name: getattr(body, name) for name in _SAMPLING if getattr(body, name) is not None
     }

@@ -21,6 +21,7 @@ class Sampling:
     seed: int | None
     stop: tuple[str, ...]
     presence_penalty: float
+    frequency_penalty: float
     repetition_penalty: float
     enable_thinking: bool
     ignore_eos: bool
@@ -47,6 +48,7 @@ def resolve_sampling(
         seed=merged.get("seed"),
         stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
         presence_penalty=float(merged.get("presence_penalty", 0.0)),
+        frequency_penalty=float(merged.get("frequency_penalty", 0.0)),
         repetition_penalty=float(merged.get("repetition_penalty", 1.0)),
         enable_thinking=thinking,
         ignore_eos=bool(merged.get("ignore_eos", False)),

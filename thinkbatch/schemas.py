@@ -51,6 +51,7 @@ class SamplingParamsIn(BaseModel):
         Field(None, description="A stop string or a list of them; generation ends before one.")
     )
     presence_penalty: float | None = SAMPLING_LIMITS["presence_penalty"].field()
+    frequency_penalty: float | None = SAMPLING_LIMITS["frequency_penalty"].field()
     repetition_penalty: float | None = SAMPLING_LIMITS["repetition_penalty"].field()
     thinking_budget: int | None = SAMPLING_LIMITS["thinking_budget"].field()
     enable_thinking: bool | None = None

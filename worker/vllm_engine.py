@@ -373,6 +373,7 @@ class VLLMEngine:
             seed=s.seed,
             stop=list(s.stop) or None,
             presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty,
             repetition_penalty=s.repetition_penalty,
             ignore_eos=s.ignore_eos,
             thinking_token_budget=self._thinking_token_budget(s, prompt_ids, opened),

@@ -1,0 +1,37 @@
+"""One OpenAI batch input line as an item: sampling fields reach the item's params, and a value
+the engine would refuse names its field under `body.`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from thinkbatch.openai_lines import CHAT
+from thinkbatch.openai_lines import LineError
+from thinkbatch.openai_lines import parse_line
+
+
+def line(**body: object) -> bytes:
+    return json.dumps(
+        {
+            "custom_id": "a",
+            "method": "POST",
+            "url": CHAT,
+            "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}], **body},
+        }
+    ).encode()
+
+
+def test_frequency_penalty_reaches_the_item() -> None:
+    parsed = parse_line(line(frequency_penalty=0.5, presence_penalty=-0.5), CHAT, max_depth=32)
+    assert parsed.item.params is not None
+    assert parsed.item.params.frequency_penalty == 0.5
+    assert parsed.item.params.presence_penalty == -0.5
+
+
+@pytest.mark.parametrize("value", [2.5, -3, "0.5"])
+def test_a_frequency_penalty_the_engine_refuses_names_its_field(value: object) -> None:
+    with pytest.raises(LineError) as error:
+        parse_line(line(frequency_penalty=value), CHAT, max_depth=32)
+    assert error.value.param == "body.frequency_penalty"
