@@ -18,8 +18,8 @@ from api.openapi import Query
 from api.openapi import describe
 from thinkbatch import jobs as service
 from thinkbatch import stats
+from thinkbatch.ledger import mark_hinted
 from thinkbatch.models import ItemStatus
-from thinkbatch.queue import mark_hinted
 from thinkbatch.queue import publish_job
 from thinkbatch.schemas import ItemPage
 from thinkbatch.schemas import JobCreate

@@ -24,11 +24,11 @@ from thinkbatch import batches as service
 from thinkbatch import files
 from thinkbatch.ingest import validation_error
 from thinkbatch.jobs import InvalidRequest
+from thinkbatch.ledger import mark_hinted
 from thinkbatch.models import JobStatus
 from thinkbatch.openai_schemas import Batch
 from thinkbatch.openai_schemas import BatchList
 from thinkbatch.openai_schemas import ModelList
-from thinkbatch.queue import mark_hinted
 from thinkbatch.queue import publish_job
 
 bp = Blueprint("openai_batches", __name__)

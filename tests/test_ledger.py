@@ -273,3 +273,18 @@ def test_the_sweeper_removes_expired_files_bytes(db: sa.Engine, settings: Settin
         )
     assert left == {"new": 1, "forever": 1}
     assert sweep(db, settings, publish=lambda job_id: True).files_expired == 0
+
+
+def test_hints_are_stamped_with_the_database_clock(db: sa.Engine, settings: Settings) -> None:
+    """The sweeper judges hinted_at against the database's now(): the API, the sweeper and the
+    worker all stamp it with that clock, not their host's."""
+    from thinkbatch.ledger import mark_hinted
+
+    job_id = seed_job(db, settings, n=1)
+    with db.begin() as conn:
+        conn.execute(sa.text("SELECT pg_sleep(0.02)"))  # the host's clock moves on; now() not
+        mark_hinted(conn, job_id)
+        same = conn.execute(
+            sa.text("SELECT hinted_at = now() FROM jobs WHERE id = :id"), {"id": job_id}
+        ).scalar_one()
+    assert same

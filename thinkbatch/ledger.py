@@ -25,6 +25,19 @@ from thinkbatch.models import ItemStatus
 from thinkbatch.models import JobStatus
 
 RUNNABLE = (JobStatus.queued.value, JobStatus.running.value)
+# Jobs not yet in a final status: the ones finalize_jobs may move on.
+UNFINISHED = (*RUNNABLE, JobStatus.cancelling.value)
+
+
+def sql_in(statuses: Iterable[str]) -> str:
+    """A status set as an SQL list of literals, made from the model's enums so that one
+    definition serves every module. Literals rather than a bound array: the partial indexes
+    (models.py) match only a query that names the same constants."""
+    return "(" + ", ".join(f"'{JobStatus(s).value}'" for s in statuses) + ")"
+
+
+RUNNABLE_SQL = sql_in(RUNNABLE)
+UNFINISHED_SQL = sql_in(UNFINISHED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,13 +273,13 @@ def complete(conn: sa.Connection, owner: str, done: Sequence[Done]) -> set[int]:
 # A retry goes back to pending only while its job is runnable: nobody claims for a cancelling
 # job, so a pending item would keep it `cancelling` for good.
 _FAIL = sa.text(
-    """
+    f"""
     UPDATE items AS i SET
         status = CASE WHEN v.retryable AND i.attempts < :max_attempts
-                           AND j.status IN ('queued', 'running')
+                           AND j.status IN {RUNNABLE_SQL}
                       THEN 'pending' ELSE 'failed' END,
         finished_at = CASE WHEN v.retryable AND i.attempts < :max_attempts
-                                AND j.status IN ('queued', 'running')
+                                AND j.status IN {RUNNABLE_SQL}
                            THEN NULL ELSE now() END,
         lease_owner = NULL, lease_expires_at = NULL,
         error_code = v.code, error_message = v.message
@@ -276,7 +289,7 @@ _FAIL = sa.text(
     WHERE i.id = v.item_id AND i.status = 'running' AND i.lease_owner = :owner
       AND i.attempts = v.attempt AND j.id = i.job_id
     RETURNING i.id, i.status
-    """
+    """  # noqa: S608 - RUNNABLE_SQL is made of enum constants
 )
 
 
@@ -431,9 +444,9 @@ def finalize_jobs(conn: sa.Connection, job_ids: Iterable[uuid.UUID] | None = Non
                               WHEN expired > 0 THEN 'expired'
                               ELSE 'completed' END,
                 finished_at = now()
-            WHERE {where} status IN ('queued', 'running', 'cancelling')
+            WHERE {where} status IN {UNFINISHED_SQL}
               AND pending = 0 AND running = 0
-            """  # noqa: S608 - `where` is one of two literals above
+            """  # noqa: S608 - `where` is one of two literals above, the set enum constants
         ),
         params,
     )
@@ -529,3 +542,88 @@ def cancel_job(conn: sa.Connection, job_id: uuid.UUID) -> tuple[bool, str] | Non
     finalize_jobs(conn, [job_id])
     status = conn.execute(sa.text("SELECT status FROM jobs WHERE id = :id"), {"id": job_id})
     return True, status.scalar_one()
+
+
+# --- hints ---------------------------------------------------------------------------------
+# hinted_at is compared with the database's now() by the sweeper (HINT_STALE_S), so it is
+# written with that clock too: a host whose clock runs behind would otherwise make its hints
+# look stale (and re-sent) or fresh for too long.
+
+
+def mark_hinted(conn: sa.Connection, job_id: uuid.UUID) -> None:
+    """Record that a hint for the job was just sent (or that a task is driving it)."""
+    conn.execute(sa.text("UPDATE jobs SET hinted_at = now() WHERE id = :id"), {"id": job_id})
+
+
+def stale_jobs(conn: sa.Connection, *, stale_s: float) -> list[uuid.UUID]:
+    """Runnable jobs with pending items and no hint for `stale_s` seconds: a lost or
+    never-sent hint. Most urgent first."""
+    return list(
+        conn.execute(
+            sa.text(
+                f"""
+                SELECT id FROM jobs
+                WHERE status IN {RUNNABLE_SQL} AND pending > 0
+                  AND (hinted_at IS NULL OR hinted_at < now() - make_interval(secs => :s))
+                ORDER BY priority DESC, created_at
+                """  # noqa: S608 - RUNNABLE_SQL is made of enum constants
+            ),
+            {"s": stale_s},
+        ).scalars()
+    )
+
+
+# --- the workers table -----------------------------------------------------------------------
+# Every statement on it is here, and all of them use the database's clock: heartbeats are
+# judged by other hosts, whose clocks may differ from the one that wrote them.
+
+
+def register_worker(
+    conn: sa.Connection, worker_id: str, *, hostname: str, pid: int, model: str
+) -> None:
+    conn.execute(
+        sa.text("INSERT INTO workers (id, hostname, pid, model) VALUES (:id, :host, :pid, :model)"),
+        {"id": worker_id, "host": hostname, "pid": pid, "model": model},
+    )
+
+
+def beat(conn: sa.Connection, worker_id: str) -> None:
+    """The worker is alive (again: a worker judged dead during an outage comes back)."""
+    conn.execute(
+        sa.text("UPDATE workers SET heartbeat_at = now(), stopped_at = NULL WHERE id = :id"),
+        {"id": worker_id},
+    )
+
+
+def mark_stopped(conn: sa.Connection, worker_id: str) -> None:
+    conn.execute(sa.text("UPDATE workers SET stopped_at = now() WHERE id = :id"), {"id": worker_id})
+
+
+def stop_silent_workers(conn: sa.Connection, *, dead_after_s: float) -> list[str]:
+    """Mark workers whose heartbeat stopped `dead_after_s` ago as stopped; returns their ids."""
+    return list(
+        conn.execute(
+            sa.text(
+                "UPDATE workers SET stopped_at = now() WHERE stopped_at IS NULL "
+                "AND heartbeat_at < now() - make_interval(secs => :s) RETURNING id"
+            ),
+            {"s": dead_after_s},
+        ).scalars()
+    )
+
+
+def owners_to_release(conn: sa.Connection) -> list[tuple[str, bool]]:
+    """Lease owners holding items that must be released: (owner, whether it is dead). A dead
+    owner is unknown or stopped; a live one holds a lapsed lease."""
+    rows = conn.execute(
+        sa.text(
+            """
+            SELECT i.lease_owner, bool_or(w.id IS NULL OR w.stopped_at IS NOT NULL) AS dead
+            FROM items AS i LEFT JOIN workers AS w ON w.id = i.lease_owner
+            WHERE i.status = 'running'
+              AND (i.lease_expires_at < now() OR w.id IS NULL OR w.stopped_at IS NOT NULL)
+            GROUP BY i.lease_owner
+            """
+        )
+    ).all()
+    return [(owner, dead) for owner, dead in rows]

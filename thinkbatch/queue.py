@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import UTC
-from datetime import datetime
 from typing import Any
 
-import sqlalchemy as sa
 from celery import Celery
 
 from thinkbatch.settings import Settings
@@ -69,10 +66,3 @@ def publish_job(app: Celery, job_id: uuid.UUID, *, copies: int = 1, queue: Any =
         log.warning("could not enqueue job %s: %s", job_id, error)
         return False
     return True
-
-
-def mark_hinted(conn: sa.Connection, job_id: uuid.UUID) -> None:
-    conn.execute(
-        sa.text("UPDATE jobs SET hinted_at = :now WHERE id = :id"),
-        {"now": datetime.now(UTC), "id": job_id},
-    )

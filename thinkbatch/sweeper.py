@@ -72,30 +72,14 @@ def sweep(
 
 def _release_dead(engine: sa.Engine, settings: Settings, report: SweepReport) -> None:
     with engine.begin() as conn:
-        report.dead_workers = list(
-            conn.execute(
-                sa.text(
-                    "UPDATE workers SET stopped_at = now() WHERE stopped_at IS NULL "
-                    "AND heartbeat_at < now() - make_interval(secs => :s) RETURNING id"
-                ),
-                {"s": settings.worker_dead_after_s},
-            ).scalars()
+        report.dead_workers = ledger.stop_silent_workers(
+            conn, dead_after_s=settings.worker_dead_after_s
         )
     for name in report.dead_workers:
         log.warning("worker %s stopped heartbeating; releasing its items", name)
 
     with engine.connect() as conn:
-        owners = conn.execute(
-            sa.text(
-                """
-                SELECT i.lease_owner, bool_or(w.id IS NULL OR w.stopped_at IS NOT NULL) AS dead
-                FROM items AS i LEFT JOIN workers AS w ON w.id = i.lease_owner
-                WHERE i.status = 'running'
-                  AND (i.lease_expires_at < now() OR w.id IS NULL OR w.stopped_at IS NOT NULL)
-                GROUP BY i.lease_owner
-                """
-            )
-        ).all()
+        owners = ledger.owners_to_release(conn)
     for owner, dead in owners:
         with engine.begin() as conn:
             if dead:
@@ -120,8 +104,8 @@ def _sweep(
         expired = (
             conn.execute(
                 sa.text(
-                    "SELECT id FROM jobs "
-                    "WHERE status IN ('queued', 'running') AND expires_at <= now()"
+                    f"SELECT id FROM jobs WHERE status IN {ledger.RUNNABLE_SQL} "  # noqa: S608 - enum constants
+                    "AND expires_at <= now()"
                 )
             )
             .scalars()
@@ -163,28 +147,12 @@ def _sweep(
         log.info("removed %d expired file(s)", report.files_expired)
 
     with engine.connect() as conn:
-        stale = (
-            conn.execute(
-                sa.text(
-                    """
-                SELECT id FROM jobs
-                WHERE status IN ('queued', 'running') AND pending > 0
-                  AND (hinted_at IS NULL OR hinted_at < now() - make_interval(secs => :s))
-                ORDER BY priority DESC, created_at
-                """
-                ),
-                {"s": settings.hint_stale_s},
-            )
-            .scalars()
-            .all()
-        )
+        stale = ledger.stale_jobs(conn, stale_s=settings.hint_stale_s)
     for job_id in stale:
         if not publish(job_id):
             break  # Redis is away; the next pass tries again
         with engine.begin() as conn:
-            conn.execute(
-                sa.text("UPDATE jobs SET hinted_at = now() WHERE id = :id"), {"id": job_id}
-            )
+            ledger.mark_hinted(conn, job_id)
         report.republished.append(job_id)
     if report.republished:
         log.info("re-enqueued %d job(s) with no sign of life", len(report.republished))
