@@ -22,7 +22,7 @@ class _Runner:
 
     def __init__(self, engine: Any):
         self.engine = engine
-        self._inflight = 0
+        self.items_in_engine = 0
         self.window = 8
 
     def describe(self) -> dict[str, object]:

@@ -197,7 +197,7 @@ def test_a_slice_hands_the_job_on_before_its_tail_drains(harness: Harness) -> No
     threads: list[threading.Thread] = []
 
     def hand_on(jid: uuid.UUID) -> bool:  # the next task lands on this same worker
-        handoffs.append(runner._inflight)  # noqa: SLF001 - what the engine held at hand-off
+        handoffs.append(runner.inflight.count)  # what the engine held at hand-off
         threads.append(harness.drive(runner, jid)[0])
         return True
 
@@ -308,9 +308,9 @@ def test_a_big_claim_is_rendered_and_launched_in_slices(harness: Harness) -> Non
     check_invariants(harness.db, job_id)
     assert sum(sizes) == 100
     # The first claim takes the whole window (2 x 16 items); it reaches the engine in slices.
-    assert runner.window > runner.launch_chunk
-    assert sizes[:2] == [runner.launch_chunk, runner.launch_chunk], sizes
-    assert max(sizes) <= runner.launch_chunk
+    assert runner.window > runner.claimer.launch_chunk
+    assert sizes[:2] == [runner.claimer.launch_chunk, runner.claimer.launch_chunk], sizes
+    assert max(sizes) <= runner.claimer.launch_chunk
 
 
 def test_results_are_stored_once_the_engine_empties_not_at_the_write_interval(
@@ -338,7 +338,7 @@ def test_a_handed_over_job_counts_its_predecessors_tail_in_its_share(settings: S
     tail = JobHandle(job_id=job_a, weight=1, params={}, inflight=runner.window // 2)
     successor = JobHandle(job_id=job_a, weight=1, params={}, predecessor=tail)
     other = JobHandle(job_id=job_b, weight=1, params={})
-    picked, n = runner._pick([successor, other], free=runner.window // 2)  # noqa: SLF001
+    picked, n = runner.claimer.pick([successor, other], free=runner.window // 2)
     assert picked is other, "job a already holds its share through the predecessor's tail"
     assert successor.job_inflight() == runner.window // 2
     tail.inflight = 0  # the tail drained: the successor lets go of it
@@ -390,7 +390,7 @@ def test_a_tenant_with_many_jobs_does_not_hold_back_another(harness: Harness) ->
     small_thread, _ = harness.drive(runner, small)
     held: list[int] = []  # the small tenant's items in the engine, sampled while it runs
     while small_thread.is_alive():
-        handle = runner._handles.get(small)  # noqa: SLF001
+        handle = runner.inflight.handles.get(small)
         if handle is not None:
             held.append(handle.job_inflight())
         time.sleep(0.01)

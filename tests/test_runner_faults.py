@@ -119,7 +119,7 @@ def test_a_failure_at_any_stage_fails_only_the_items_concerned(
     check_invariants(harness.db, job_id)
 
     # The worker keeps serving: no task thread, window slot or claim was lost.
-    assert runner._inflight == 0  # noqa: SLF001
+    assert runner.inflight.count == 0
     follow = seed_job(harness.db, harness.settings, n=30)
     assert run_to_end(harness, runner, follow).succeeded == 30
 

@@ -156,7 +156,7 @@ class WorkerMetrics:
 
     def watch(self, runner: Runner) -> None:
         """Read the runner's load when scraped."""
-        self.in_engine.set_function(lambda: runner._inflight)
+        self.in_engine.set_function(lambda: runner.items_in_engine)
         engine = runner.engine
 
         def load(field: str) -> float:

@@ -1,0 +1,91 @@
+"""The runner's parts that need neither a database nor an engine: fair share, the writer's
+sorting of outcomes (kinds and abort reasons as enums), and the crash suspects."""
+
+from __future__ import annotations
+
+import uuid
+
+from thinkbatch.ledger import Claimed
+from thinkbatch.ledger import Failed
+from thinkbatch.models import ItemStatus
+from thinkbatch.sampling import Sampling
+from worker.engine import Generation
+from worker.engine import Prepared
+from worker.engine import ThinkTokens
+from worker.runner.fairness import pick
+from worker.runner.suspects import Suspects
+from worker.runner.window import Flight
+from worker.runner.window import JobHandle
+from worker.runner.writer import AbortReason
+from worker.runner.writer import Outcome
+from worker.runner.writer import OutcomeKind
+from worker.runner.writer import sort_outcomes
+
+THINK = ThinkTokens(start_id=1, end_id=2, turn_start_id=None)
+
+
+def handle(tenant: str = "t", weight: int = 1, inflight: int = 0) -> JobHandle:
+    return JobHandle(
+        job_id=uuid.uuid4(), weight=weight, params={}, tenant=tenant, inflight=inflight
+    )
+
+
+def test_pick_serves_the_job_furthest_below_its_share_within_the_chunk() -> None:
+    busy, starved = handle(inflight=90), handle(inflight=0)
+    inflight = {busy: 90, starved: 0}
+    picked, n = pick(128, [busy, starved], inflight, free=38, chunk=32, claim_min=16)
+    assert picked is starved and n == 32  # deficit 64, capped by the chunk
+    picked, n = pick(128, [busy, starved], inflight, free=10, chunk=32, claim_min=16)
+    assert n == 10  # never more than the room left
+    fed = {busy: 60, starved: 60}
+    picked, n = pick(128, [busy, starved], fed, free=8, chunk=32, claim_min=4)
+    assert n == 4  # at its share: a minimal chunk, still at least claim_min
+
+
+def claimed(item_id: int, job_id: uuid.UUID) -> Claimed:
+    return Claimed(item_id, job_id, item_id, f"c{item_id}", None, "p", None, 2, 0)
+
+
+def test_the_writer_sorts_outcomes_by_kind_and_abort_reason() -> None:
+    owner = handle()
+    job = owner.job_id
+    items = [claimed(k, job) for k in range(7)]
+    sampling = Sampling(16, 1.0, 1.0, -1, None, (), 0.0, 0.0, 1.0, True, False)
+    prepared = Prepared(prompt_ids=[5], opened_in_prompt=False, sampling=sampling)
+    flight = Flight(claimed=items[0], prepared=prepared, handle=owner, started=0.0)
+    generation = Generation(token_ids=[1, 7, 2, 8], text="<think>x</think>y", finish_reason="stop",
+                            prompt_tokens=1)  # fmt: skip
+    batch = [
+        Outcome(flight, items[0], owner, OutcomeKind.done, generation=generation),
+        Outcome(None, items[1], owner, OutcomeKind.rejected, code="bad", message="m"),
+        Outcome(None, items[2], owner, OutcomeKind.error, code="engine_error", message="m"),
+        Outcome(None, items[3], owner, OutcomeKind.aborted, reason=AbortReason.cancelled),
+        Outcome(None, items[4], owner, OutcomeKind.aborted, reason=AbortReason.expired),
+        Outcome(None, items[5], owner, OutcomeKind.aborted, reason=AbortReason.deadline),
+        Outcome(None, items[6], owner, OutcomeKind.aborted, reason=AbortReason.shutdown),
+    ]
+    writes = sort_outcomes(batch, think=THINK, item_deadline_s=60)
+    (done,) = writes.done
+    assert (done.item_id, done.thinking, done.answer, done.reasoning_tokens) == (0, "x", "y", 3)
+    assert writes.failed == [
+        Failed(1, job, 2, "bad", "m", retryable=False),
+        Failed(2, job, 2, "engine_error", "m", retryable=True),
+        Failed(5, job, 2, "timeout", "no result within ITEM_DEADLINE_S=60s", retryable=True),
+    ]
+    assert writes.ended == {ItemStatus.cancelled: [(3, job, 2)], ItemStatus.expired: [(4, job, 2)]}
+    assert writes.released == [(6, job, 2)]
+
+
+def test_suspects_wait_per_job_and_hold_the_engine_while_they_run() -> None:
+    suspects = Suspects()
+    a, b = handle(), handle()
+    suspects.flag(a, True)
+    assert suspects.waiting([a, b]) == [a] and suspects.has_waiting(a)
+    suspects.flag(a, False)
+    assert suspects.waiting([a, b]) == []
+    suspects.entered(2)
+    assert suspects.running
+    suspects.left(1)
+    assert suspects.running
+    suspects.left(1)
+    assert not suspects.running

@@ -1,0 +1,113 @@
+"""The shared in-flight window: the jobs this process drives, what each has in the engine,
+and the one lock every part of the runner takes to change those counts."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from dataclasses import field
+from typing import TYPE_CHECKING
+from typing import Any
+
+from thinkbatch.ledger import Claimed
+from thinkbatch.models import DEFAULT_TENANT
+
+if TYPE_CHECKING:
+    from worker.engine import Prepared
+
+
+@dataclass(eq=False)
+class JobHandle:
+    """This process's view of one job it drives."""
+
+    job_id: uuid.UUID
+    weight: int
+    params: dict[str, Any]
+    tenant: str = DEFAULT_TENANT
+    created_at: float = 0.0  # the job's, as a Unix time (for the latency metrics)
+    inflight: int = 0  # handed to the engine, not yet returned
+    unsettled: int = 0  # claimed, result not yet stored
+    claim_open: bool = True
+    exhausted_until: float = 0.0  # the last claim found nothing; look again after this
+    settled: threading.Event = field(default_factory=threading.Event)
+    # The handle this one took the job over from at a slice hand-off; its tail is still in the
+    # engine and counts towards the job's share until it drains.
+    predecessor: JobHandle | None = None
+
+    def job_inflight(self) -> int:
+        """Items of this job in the engine, under this handle and the ones it took over from."""
+        n, handle = self.inflight, self.predecessor
+        while handle is not None:
+            n += handle.inflight
+            handle = handle.predecessor
+        if self.predecessor is not None and n == self.inflight:
+            self.predecessor = None  # drained: let it go
+        return n
+
+
+@dataclass(eq=False)
+class Flight:
+    """One item handed to the engine."""
+
+    claimed: Claimed
+    prepared: Prepared
+    handle: JobHandle
+    started: float
+    quarantined: bool = False
+    task: asyncio.Task[None] | None = None
+    abort_reason: Any = None  # an AbortReason once it is being aborted (see writer.py)
+
+
+class InFlight:
+    """The window of `size` items: the claimer fills it, the engine loop empties it, and task
+    threads open and close the jobs in it. Counts change only under `lock`; reads without it
+    are a snapshot, which is all a decision to claim more needs."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.lock = threading.Lock()
+        self.handles: dict[uuid.UUID, JobHandle] = {}
+        self.count = 0  # items in the engine (or held for it: see Claimer.launch_slice)
+        self.wake = threading.Event()  # room came back or a job opened: the claimer looks
+
+    def free(self) -> int:
+        return self.size - self.count
+
+    def add(self, handle: JobHandle, n: int) -> None:
+        """`n` items of the handle enter the window (negative: leave it)."""
+        with self.lock:
+            self.count += n
+            handle.inflight += n
+
+    def claimable(self) -> list[JobHandle]:
+        now = time.monotonic()
+        with self.lock:
+            return [h for h in self.handles.values() if h.claim_open and h.exhausted_until < now]
+
+    def tenant_full(self, tenant: str, job_id: uuid.UUID, limit: int) -> bool:
+        """Whether this tenant already has `limit` other jobs open for claims here (call with
+        the lock held)."""
+        open_jobs = {
+            h.job_id
+            for h in self.handles.values()
+            if h.tenant == tenant and h.claim_open and h.job_id != job_id
+        }
+        return len(open_jobs) >= limit
+
+    def close(self, handle: JobHandle) -> None:
+        """The task driving the handle ends; a successor may already have taken the job over."""
+        with self.lock:
+            if self.handles.get(handle.job_id) is handle:
+                del self.handles[handle.job_id]
+
+    def jobs(self) -> dict[str, int]:
+        """Items in the engine per job, for the worker's stats."""
+        with self.lock:
+            return {str(j): h.job_inflight() for j, h in self.handles.items()}
+
+    def job_ids(self) -> list[uuid.UUID]:
+        with self.lock:
+            return list(self.handles)

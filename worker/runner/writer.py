@@ -1,0 +1,229 @@
+"""The writer: stores what came out of the engine in batches, one fenced transaction per batch,
+off the engine's path."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from dataclasses import field
+from typing import Any
+
+import sqlalchemy as sa
+
+from thinkbatch import ledger
+from thinkbatch.db import retry_transient
+from thinkbatch.ledger import Claimed
+from thinkbatch.ledger import Done
+from thinkbatch.ledger import Failed
+from thinkbatch.models import ItemStatus
+from thinkbatch.settings import Settings
+from thinkbatch.thinking import count_reasoning_tokens
+from thinkbatch.thinking import split_thinking
+from thinkbatch.thinking import thinking_truncated
+from worker.engine import Engine
+from worker.engine import Generation
+from worker.engine import Prepared
+from worker.engine import ThinkTokens
+from worker.metrics import metrics
+from worker.runner.suspects import Suspects
+from worker.runner.window import Flight
+from worker.runner.window import InFlight
+from worker.runner.window import JobHandle
+
+log = logging.getLogger(__name__)
+
+Key = tuple[int, uuid.UUID, int]  # an item's fence: id, job, attempt
+
+
+class OutcomeKind(enum.StrEnum):
+    done = "done"  # a generation to store
+    rejected = "rejected"  # the item's own fault: fails now
+    error = "error"  # ours or the engine's: retried until MAX_ATTEMPTS
+    aborted = "aborted"  # taken out of the engine; AbortReason says why
+
+
+class AbortReason(enum.StrEnum):
+    cancelled = "cancelled"  # the job was cancelled: the item ends cancelled
+    expired = "expired"  # the job passed its window: the item ends expired
+    deadline = "deadline"  # no result within ITEM_DEADLINE_S: a retryable failure
+    shutdown = "shutdown"  # this worker is stopping: handed back untouched
+
+
+@dataclass(frozen=True)
+class Outcome:
+    flight: Flight | None
+    claimed: Claimed
+    handle: JobHandle
+    kind: OutcomeKind
+    generation: Generation | None = None
+    reason: AbortReason | None = None  # kind aborted only
+    code: str = ""  # kinds rejected and error: the item's error code
+    message: str = ""
+
+
+@dataclass
+class Writes:
+    """One batch of outcomes sorted into the ledger's writes."""
+
+    done: list[Done] = field(default_factory=list)
+    failed: list[Failed] = field(default_factory=list)
+    ended: dict[ItemStatus, list[Key]] = field(
+        default_factory=lambda: {ItemStatus.cancelled: [], ItemStatus.expired: []}
+    )
+    released: list[Key] = field(default_factory=list)
+
+
+# What an abort means for the item's record.
+_ENDS = {AbortReason.cancelled: ItemStatus.cancelled, AbortReason.expired: ItemStatus.expired}
+
+
+def sort_outcomes(batch: list[Outcome], *, think: ThinkTokens, item_deadline_s: float) -> Writes:
+    writes = Writes()
+    for outcome in batch:
+        item = outcome.claimed
+        key = (item.id, item.job_id, item.attempt)
+        match outcome.kind:
+            case OutcomeKind.done:
+                assert outcome.generation is not None and outcome.flight is not None
+                writes.done.append(
+                    to_done(item, outcome.flight.prepared, outcome.generation, think)
+                )
+            case OutcomeKind.rejected:
+                writes.failed.append(Failed(*key, outcome.code, outcome.message, retryable=False))
+            case OutcomeKind.error:
+                writes.failed.append(Failed(*key, outcome.code, outcome.message, retryable=True))
+            case OutcomeKind.aborted if outcome.reason in _ENDS:
+                writes.ended[_ENDS[outcome.reason]].append(key)
+            case OutcomeKind.aborted if outcome.reason is AbortReason.deadline:
+                message = f"no result within ITEM_DEADLINE_S={item_deadline_s:g}s"
+                writes.failed.append(Failed(*key, "timeout", message, retryable=True))
+            case _:  # shutdown
+                writes.released.append(key)
+    return writes
+
+
+def to_done(item: Claimed, prepared: Prepared, gen: Generation, think: ThinkTokens) -> Done:
+    split = split_thinking(gen.text, opened_in_prompt=prepared.opened_in_prompt)
+    reasoning = count_reasoning_tokens(
+        gen.token_ids,
+        start_id=think.start_id,
+        end_id=think.end_id,
+        opened_in_prompt=prepared.opened_in_prompt,
+    )
+    budget = prepared.sampling.thinking_budget
+    return Done(
+        item_id=item.id,
+        job_id=item.job_id,
+        attempt=item.attempt,
+        thinking=split.thinking,
+        answer=split.answer,
+        finish_reason=gen.finish_reason,
+        thinking_truncated=thinking_truncated(split, reasoning_tokens=reasoning, budget=budget),
+        prompt_tokens=gen.prompt_tokens,
+        completion_tokens=len(gen.token_ids),
+        reasoning_tokens=reasoning,
+    )
+
+
+class Writer:
+    def __init__(
+        self,
+        settings: Settings,
+        db: sa.Engine,
+        owner: str,
+        engine: Engine,
+        inflight: InFlight,
+        suspects: Suspects,
+        dead: threading.Event,
+    ) -> None:
+        self.settings = settings
+        self.db = db
+        self.owner = owner
+        self.engine = engine  # its think tokens are known once it has started
+        self.inflight = inflight
+        self.suspects = suspects
+        self.dead = dead
+        self._outcomes: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()
+
+    def put(self, outcome: Outcome) -> None:
+        self._outcomes.put(outcome)
+
+    def idle(self) -> bool:
+        """Nothing waits to be stored (a batch being written may still be in progress)."""
+        return self._outcomes.empty()
+
+    def finish(self) -> None:
+        """Store what is queued, then stop."""
+        self._outcomes.put(None)
+
+    def run(self) -> None:
+        while True:
+            first = self._outcomes.get()
+            if first is None:
+                return
+            batch = [first]
+            deadline = time.monotonic() + self.settings.write_interval_s
+            closing = False
+            while len(batch) < self.settings.write_batch_max:
+                if self.inflight.count == 0 and self._outcomes.empty():
+                    break  # the engine is empty: nothing more is coming soon, so store it now
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
+                    break
+                try:
+                    nxt = self._outcomes.get(timeout=timeout)
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    closing = True
+                    break
+                batch.append(nxt)
+            self.persist(batch)
+            if closing:
+                return
+
+    def persist(self, batch: list[Outcome]) -> None:
+        writes = sort_outcomes(
+            batch, think=self.engine.think, item_deadline_s=self.settings.item_deadline_s
+        )
+        stored: dict[str, Any] = {}  # what the fenced writes took, for the metrics
+
+        def write() -> None:
+            with self.db.begin() as conn:
+                stored["done"] = ledger.complete(conn, self.owner, writes.done)
+                stored["failed"] = ledger.fail(
+                    conn, self.owner, writes.failed, max_attempts=self.settings.max_attempts
+                )
+                for status, keys in writes.ended.items():
+                    ledger.end_items(
+                        conn,
+                        self.owner,
+                        keys,
+                        status=status,
+                        code=status.value,
+                        message=f"the job was {status.value} while this item ran",
+                    )
+                ledger.release(conn, self.owner, writes.released)
+                ledger.finalize_jobs(conn, {o.claimed.job_id for o in batch})
+
+        try:
+            retry_transient(write, should_stop=self.dead.is_set)
+            metrics.stored(
+                writes.done, writes.failed, stored.get("done", set()), stored.get("failed", {})
+            )
+        except Exception:  # noqa: BLE001 - the leases lapse and the sweeper retries the items
+            log.exception("could not store %d result(s)", len(batch))
+        touched: set[JobHandle] = set()
+        with self.inflight.lock:
+            for outcome in batch:
+                outcome.handle.unsettled -= 1
+                touched.add(outcome.handle)
+        self.suspects.left(sum(1 for o in batch if o.flight is not None and o.flight.quarantined))
+        for handle in touched:
+            handle.settled.set()
+        self.inflight.wake.set()
