@@ -288,3 +288,21 @@ def test_hints_are_stamped_with_the_database_clock(db: sa.Engine, settings: Sett
             sa.text("SELECT hinted_at = now() FROM jobs WHERE id = :id"), {"id": job_id}
         ).scalar_one()
     assert same
+
+
+def test_status_sets_in_sql_come_from_the_enums() -> None:
+    """A list of statuses spelled out in SQL drifts when a status is added; the modules build
+    theirs from the model's enums (ledger.sql_in). models.py is exempt: its partial indexes
+    are DDL, checked against the migrations by test_migrations."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    spelled = re.compile(r"IN \(\s*'")
+    offenders = [
+        str(path.relative_to(root))
+        for package in ("api", "thinkbatch", "worker")
+        for path in (root / package).rglob("*.py")
+        if path.name != "models.py" and spelled.search(path.read_text())
+    ]
+    assert offenders == []

@@ -30,7 +30,7 @@ UNFINISHED = (*RUNNABLE, JobStatus.cancelling.value)
 
 
 def sql_in(statuses: Iterable[str]) -> str:
-    """A status set as an SQL list of literals, made from the model's enums so that one
+    """A set of job statuses as an SQL list of literals, made from the model's enums so that one
     definition serves every module. Literals rather than a bound array: the partial indexes
     (models.py) match only a query that names the same constants."""
     return "(" + ", ".join(f"'{JobStatus(s).value}'" for s in statuses) + ")"
