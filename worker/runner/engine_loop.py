@@ -5,6 +5,7 @@ result to the writer."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -24,6 +25,10 @@ from worker.runner.writer import OutcomeKind
 from worker.runner.writer import Writer
 
 log = logging.getLogger(__name__)
+
+
+def _started_before(limit: float, flight: Flight) -> bool:
+    return flight.started < limit
 
 
 class EngineLoop:
@@ -75,9 +80,9 @@ class EngineLoop:
         for flight in flights:
             self._flights.add(flight)
             flight.task = self.loop.create_task(self._run(flight))
-            flight.task.add_done_callback(lambda _, f=flight: self._unstarted(f))
+            flight.task.add_done_callback(functools.partial(self._unstarted, flight))
 
-    def _unstarted(self, flight: Flight) -> None:
+    def _unstarted(self, flight: Flight, _task: object = None) -> None:
         """A task cancelled before its first step never enters _run's handlers: settle its
         item here, or it would stay in flight (and `running`) for good."""
         if flight in self._flights:
@@ -139,4 +144,4 @@ class EngineLoop:
         while True:
             await asyncio.sleep(1.0)
             limit = time.monotonic() - self.item_deadline_s
-            self._abort_where(lambda f, limit=limit: f.started < limit, AbortReason.deadline)
+            self._abort_where(functools.partial(_started_before, limit), AbortReason.deadline)

@@ -17,6 +17,7 @@ from thinkbatch.models import DEFAULT_TENANT
 
 if TYPE_CHECKING:
     from worker.engine import Prepared
+    from worker.runner.writer import AbortReason
 
 
 @dataclass(eq=False)
@@ -58,7 +59,7 @@ class Flight:
     started: float
     quarantined: bool = False
     task: asyncio.Task[None] | None = None
-    abort_reason: Any = None  # an AbortReason once it is being aborted (see writer.py)
+    abort_reason: AbortReason | None = None  # set once it is being aborted
 
 
 class InFlight:
