@@ -26,8 +26,8 @@ gpu-check:           ## on a GPU host: driver, compilers, the real stack, thinki
 	@$(MAKE) --no-print-directory install
 	$(PY) scripts/gpu_check.py $(ARGS)
 
-lint: install
-	$(PY) -m ruff check . && $(PY) -m ruff format --check .
+lint: install        ## ruff (rules and format) and mypy --strict on thinkbatch/ and api/
+	$(PY) -m ruff check . && $(PY) -m ruff format --check . && $(PY) -m mypy
 
 clean:
 	rm -rf .venv .thinkbatch

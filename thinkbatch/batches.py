@@ -313,7 +313,9 @@ def batch_out(session: orm.Session, engine: sa.Engine, job: Job) -> dict[str, An
             _finish_files(session, engine, job)
     status = job.status.value if isinstance(job.status, JobStatus) else str(job.status)
     shown = "in_progress" if status in ("queued", "running") else status
-    ended = {s: None for s in ("completed", "failed", "cancelled", "expired")}
+    ended: dict[str, int | None] = {
+        s: None for s in ("completed", "failed", "cancelled", "expired")
+    }
     if status in ended:
         ended[status] = _unix(job.finished_at)
     refused = job.batch_errors is not None

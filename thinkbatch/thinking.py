@@ -59,7 +59,7 @@ def count_reasoning_tokens(
     """Output tokens that belong to the thinking block, tags included, from the engine's ids."""
     if end_id is not None:
         try:
-            return output_ids.index(end_id) + 1  # type: ignore[attr-defined]
+            return output_ids.index(end_id) + 1
         except ValueError:
             pass
     if opened_in_prompt or (start_id is not None and output_ids and output_ids[0] == start_id):
