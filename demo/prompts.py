@@ -480,7 +480,7 @@ def training_conversations(seed: int = 0) -> Iterator[dict[str, Any]]:
       last assistant message is the target (`<think>\\n…\\n</think>\\n\\n…` when thinking).
     - raw: {"prompt": str, "completion": str}; the completion ends with <|endoftext|>.
     """
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 - seeded on purpose: the same prompts every run
     topics = (*_TOPICS, _FALLBACK)
     singles = [
         (topic, lang, question)

@@ -197,7 +197,7 @@ def test_a_slice_hands_the_job_on_before_its_tail_drains(harness: Harness) -> No
     threads: list[threading.Thread] = []
 
     def hand_on(jid: uuid.UUID) -> bool:  # the next task lands on this same worker
-        handoffs.append(runner._inflight)  # noqa: SLF001 - what the engine held at hand-off
+        handoffs.append(runner._inflight)
         threads.append(harness.drive(runner, jid)[0])
         return True
 
@@ -214,7 +214,7 @@ def test_a_slice_hands_the_job_on_before_its_tail_drains(harness: Harness) -> No
     assert min(handoffs) >= harness.settings.max_num_seqs, handoffs
 
 
-def test_cancel_mid_job(harness: Harness, client) -> None:  # noqa: ANN001
+def test_cancel_mid_job(harness: Harness, client) -> None:
     runner = harness.runner(engine_extra_args={"step_s": 0.01})
     job_id = seed_job(harness.db, harness.settings, n=300)
     thread, _ = harness.drive(runner, job_id)
@@ -296,7 +296,7 @@ def test_a_big_claim_is_rendered_and_launched_in_slices(harness: Harness) -> Non
     sizes: list[int] = []
     prepare = runner.engine.prepare
 
-    def recording(items, sampling):  # noqa: ANN001, ANN202
+    def recording(items, sampling):
         sizes.append(len(items))
         return prepare(items, sampling)
 
@@ -338,7 +338,7 @@ def test_a_handed_over_job_counts_its_predecessors_tail_in_its_share(settings: S
     tail = JobHandle(job_id=job_a, weight=1, params={}, inflight=runner.window // 2)
     successor = JobHandle(job_id=job_a, weight=1, params={}, predecessor=tail)
     other = JobHandle(job_id=job_b, weight=1, params={})
-    picked, n = runner._pick([successor, other], free=runner.window // 2)  # noqa: SLF001
+    picked, n = runner._pick([successor, other], free=runner.window // 2)
     assert picked is other, "job a already holds its share through the predecessor's tail"
     assert successor.job_inflight() == runner.window // 2
     tail.inflight = 0  # the tail drained: the successor lets go of it
@@ -390,7 +390,7 @@ def test_a_tenant_with_many_jobs_does_not_hold_back_another(harness: Harness) ->
     small_thread, _ = harness.drive(runner, small)
     held: list[int] = []  # the small tenant's items in the engine, sampled while it runs
     while small_thread.is_alive():
-        handle = runner._handles.get(small)  # noqa: SLF001
+        handle = runner._handles.get(small)
         if handle is not None:
             held.append(handle.job_inflight())
         time.sleep(0.01)

@@ -119,7 +119,7 @@ def test_a_failure_at_any_stage_fails_only_the_items_concerned(
     check_invariants(harness.db, job_id)
 
     # The worker keeps serving: no task thread, window slot or claim was lost.
-    assert runner._inflight == 0  # noqa: SLF001
+    assert runner._inflight == 0
     follow = seed_job(harness.db, harness.settings, n=30)
     assert run_to_end(harness, runner, follow).succeeded == 30
 
@@ -167,7 +167,7 @@ def test_a_broken_tokenizer_costs_the_items_an_attempt_not_their_result(
     prepare = engine.prepare
     broken = {"calls": 1 + 6}  # the batch, then each item alone; then it works again
 
-    def flaky(items, sampling):  # noqa: ANN001, ANN202
+    def flaky(items, sampling):
         if broken["calls"] > 0:
             broken["calls"] -= 1
             raise RuntimeError("tokenizer crashed")

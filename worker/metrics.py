@@ -156,7 +156,7 @@ class WorkerMetrics:
 
     def watch(self, runner: Runner) -> None:
         """Read the runner's load when scraped."""
-        self.in_engine.set_function(lambda: runner._inflight)
+        self.in_engine.set_function(lambda: runner._inflight)  # noqa: SLF001 - the runner exposes no public gauge of it
         engine = runner.engine
 
         def load(field: str) -> float:
