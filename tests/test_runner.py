@@ -197,7 +197,7 @@ def test_a_slice_hands_the_job_on_before_its_tail_drains(harness: Harness) -> No
     threads: list[threading.Thread] = []
 
     def hand_on(jid: uuid.UUID) -> bool:  # the next task lands on this same worker
-        handoffs.append(runner._inflight)
+        handoffs.append(runner._inflight)  # what the engine held at hand-off
         threads.append(harness.drive(runner, jid)[0])
         return True
 
