@@ -124,8 +124,8 @@ def test_too_many_items(client: FlaskClient, db: sa.Engine, app) -> None:
 
 def test_body_over_the_size_limit_is_413(settings, db: sa.Engine) -> None:
     from api import create_app
-    from tests.conftest import keyed_client
-    from tests.conftest import make_key
+    from tests.helpers import keyed_client
+    from tests.helpers import make_key
 
     small = settings.model_copy(update={"max_request_bytes": 2048})
     client = keyed_client(create_app(small), make_key(db, "acme"))

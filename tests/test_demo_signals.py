@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 # Settings the launcher would otherwise take from this environment.
 _CLEARED = ("DATABASE_URL", "REDIS_URL", "ENGINE", "MODEL", "DATA_DIR", "SERVED_MODEL_NAME")

@@ -16,7 +16,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 from thinkbatch.settings import DEMO_MODEL
 from thinkbatch.settings import Settings
 

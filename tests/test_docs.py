@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 from thinkbatch.settings import Settings
 
 

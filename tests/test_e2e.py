@@ -13,9 +13,9 @@ import pytest
 import redis
 import sqlalchemy as sa
 
-from tests.conftest import Servers
-from tests.conftest import recreate_database
+from tests.helpers import Servers
 from tests.helpers import check_invariants
+from tests.helpers import recreate_database
 from tests.stacks import FAST_RECOVERY_ENV
 from tests.stacks import FLOWER_AUTH
 from tests.stacks import VLLM_ENV

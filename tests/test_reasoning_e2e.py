@@ -17,10 +17,10 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import orm
 
-from tests.conftest import TENANT
-from tests.conftest import Servers
-from tests.conftest import make_settings
-from tests.conftest import recreate_database
+from tests.helpers import TENANT
+from tests.helpers import Servers
+from tests.helpers import make_settings
+from tests.helpers import recreate_database
 from tests.stacks import VLLM_ENV
 from tests.stacks import redis_db
 from thinkbatch import jobs as service

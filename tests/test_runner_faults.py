@@ -14,13 +14,12 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import orm
 
-from tests.conftest import TENANT
+from tests.helpers import TENANT
 from tests.helpers import check_invariants
 from tests.helpers import seed_job
-from tests.test_runner import Harness
-from tests.test_runner import harness  # noqa: F401 - the fixture
-from tests.test_runner import job_row
-from tests.test_runner import wait_status
+from tests.runner_harness import Harness
+from tests.runner_harness import job_row
+from tests.runner_harness import wait_status
 from thinkbatch import jobs as service
 from thinkbatch.keys import Caller
 from thinkbatch.ledger import Claimed
@@ -84,7 +83,7 @@ MARKERS = {
 
 @pytest.mark.parametrize("stage", ["resolve", *MARKERS])
 def test_a_failure_at_any_stage_fails_only_the_items_concerned(
-    harness: Harness,  # noqa: F811
+    harness: Harness,
     stage: str,
 ) -> None:
     runner = harness.runner()
@@ -125,7 +124,7 @@ def test_a_failure_at_any_stage_fails_only_the_items_concerned(
 
 
 def test_values_the_engine_refuses_end_the_job_and_cancel_still_works(
-    harness: Harness,  # noqa: F811
+    harness: Harness,
 ) -> None:
     """The issue's example: temperature 3.0 (vLLM allows at most 2) and stop "" on every item.
     No item can run; each fails with the engine's message and the job ends."""
@@ -157,7 +156,7 @@ def test_values_the_engine_refuses_end_the_job_and_cancel_still_works(
 
 
 def test_a_broken_tokenizer_costs_the_items_an_attempt_not_their_result(
-    harness: Harness,  # noqa: F811
+    harness: Harness,
 ) -> None:
     """When every item of a batch fails even alone, the fault may be the worker's: they are
     retried (an attempt counted each time) rather than failed at once."""
@@ -181,7 +180,7 @@ def test_a_broken_tokenizer_costs_the_items_an_attempt_not_their_result(
     check_invariants(harness.db, job_id)
 
 
-def test_a_huge_prompt_does_not_hold_back_the_others(harness: Harness) -> None:  # noqa: F811
+def test_a_huge_prompt_does_not_hold_back_the_others(harness: Harness) -> None:
     # Tokenizing costs 4 s per million characters; the big prompt is first in the claim.
     runner = harness.runner(engine_extra_args={"step_s": 0.002, "tokenize_s_per_mchar": 4.0})
     items = [{"custom_id": "big", "prompt": "placeholder"}]

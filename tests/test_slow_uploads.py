@@ -13,8 +13,8 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from tests.conftest import TENANT
-from tests.conftest import make_key
+from tests.helpers import TENANT
+from tests.helpers import make_key
 from thinkbatch.settings import Settings
 from thinkbatch.stack import Proc
 from thinkbatch.stack import Stack

@@ -12,9 +12,9 @@ import pytest
 import sqlalchemy as sa
 from flask.testing import FlaskClient
 
-from tests.conftest import make_settings
-from tests.test_runner import Harness
-from tests.test_runner import wait_status
+from tests.helpers import make_settings
+from tests.runner_harness import Harness
+from tests.runner_harness import wait_status
 from thinkbatch.sampling import resolve_sampling
 from thinkbatch.thinking import ThinkingSplit
 
@@ -169,7 +169,7 @@ def test_the_fake_engine_honours_the_budget(harness: Harness) -> None:
 def _submit(harness: Harness, body: dict[str, Any]) -> Any:
     from sqlalchemy import orm
 
-    from tests.conftest import TENANT
+    from tests.helpers import TENANT
     from thinkbatch import jobs as service
     from thinkbatch.keys import Caller
     from thinkbatch.schemas import JobCreate
@@ -180,7 +180,7 @@ def _submit(harness: Harness, body: dict[str, Any]) -> Any:
 
 
 def _results(harness: Harness, job_id: Any) -> dict[str, dict[str, Any]]:
-    from tests.conftest import TENANT
+    from tests.helpers import TENANT
     from thinkbatch import jobs as service
     from thinkbatch.keys import Caller
 
