@@ -5,7 +5,9 @@ make two copies of its objects."""
 
 from __future__ import annotations
 
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +78,18 @@ def keyed_client(app: Flask, key: str) -> FlaskClient:
     client = app.test_client()
     client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {key}"
     return client
+
+
+def wait_until(
+    condition: Callable[[], bool], timeout: float, what: str, poll: float = 0.02
+) -> None:
+    """Poll `condition` until it holds; fail naming `what` after `timeout` seconds. Every wait
+    in the tests has a deadline, so a regression fails the test instead of hanging the run."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(poll)
 
 
 def seed_job(

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 from tests.helpers import check_invariants
 from tests.helpers import seed_job
+from tests.helpers import wait_until
 from tests.runner_harness import Harness
 from tests.runner_harness import job_row
 from tests.runner_harness import wait_status
@@ -49,6 +50,11 @@ def test_a_job_runs_to_completion_with_the_engine_kept_full(harness: Harness) ->
     # full batch (max_num_seqs) at nearly every sample, i.e. it never drained between claims.
     busy = depth[: len(depth) * 2 // 3]
     full = sum(d >= harness.settings.max_num_seqs for d in busy) / len(busy)
+    # Why 90 % holds on a loaded 2-core host: the runner keeps 2 x max_num_seqs items in the
+    # engine, so a full batch waits behind the running one, and a fake item lives for tens of
+    # 2 ms steps. The engine drops below a full batch only if one refill (a claim and its
+    # preparing) takes longer than a whole batch takes to finish; load slows the engine's steps
+    # (same process, same CPUs) as much as the claimer, and the 10 % covers the odd stall.
     assert full > 0.9, full
     assert max(depth) <= harness.settings.inflight_window
 
@@ -144,9 +150,8 @@ def test_a_slice_hands_the_job_on_before_its_tail_drains(harness: Harness) -> No
     runner = harness.runner(publish=hand_on, task_slice_s=0.3, engine_extra_args={"step_s": 0.004})
     job_id = seed_job(harness.db, harness.settings, n=600)
     threads.append(harness.drive(runner, job_id)[0])
-    while any(t.is_alive() for t in threads):
-        for thread in list(threads):
-            thread.join(60)
+    # Each slice starts the next thread before it ends, so join until none is left, bounded.
+    wait_until(lambda: not any(t.is_alive() for t in threads), 120, "every slice ended", 0.05)
     assert wait_status(harness.db, job_id, {"completed"}).succeeded == 600
     check_invariants(harness.db, job_id)
     assert len(handoffs) >= 2
@@ -158,8 +163,7 @@ def test_cancel_mid_job(harness: Harness, client) -> None:
     runner = harness.runner(engine_extra_args={"step_s": 0.01})
     job_id = seed_job(harness.db, harness.settings, n=300)
     thread, _ = harness.drive(runner, job_id)
-    while job_row(harness.db, job_id).succeeded < 20:
-        time.sleep(0.02)
+    wait_until(lambda: job_row(harness.db, job_id).succeeded >= 20, 30, "20 items done")
     response = client.post(f"/v1/jobs/{job_id}/cancel")
     assert response.status_code == 200
     assert response.json["status"] in ("cancelling", "cancelled")
@@ -214,8 +218,7 @@ def test_graceful_shutdown_releases_items(harness: Harness) -> None:
     runner = harness.runner(engine_extra_args={"step_s": 0.02})
     job_id = seed_job(harness.db, harness.settings, n=200)
     thread, reports = harness.drive(runner, job_id)
-    while job_row(harness.db, job_id).succeeded < 10:
-        time.sleep(0.02)
+    wait_until(lambda: job_row(harness.db, job_id).succeeded >= 10, 30, "10 items done")
     runner.begin_shutdown()
     thread.join(10)
     assert not thread.is_alive()
@@ -329,7 +332,9 @@ def test_a_tenant_with_many_jobs_does_not_hold_back_another(harness: Harness) ->
     small = seed_job(harness.db, harness.settings, n=200, tenant="small")
     small_thread, _ = harness.drive(runner, small)
     held: list[int] = []  # the small tenant's items in the engine, sampled while it runs
+    deadline = time.monotonic() + 60
     while small_thread.is_alive():
+        assert time.monotonic() < deadline, "the small job did not finish within 60 s"
         handle = runner._handles.get(small)
         if handle is not None:
             held.append(handle.job_inflight())

@@ -196,7 +196,10 @@ def test_a_huge_prompt_does_not_hold_back_the_others(harness: Harness) -> None:
     big = items_by_status(harness.db, job_id)
     # Every small item went through the engine while the big one was still being tokenized.
     assert "big" in big.get("running", {}), (small_done, big)
-    assert small_done < 3, small_done
+    # The big prompt's tokenizing is a 4 s wall-clock sleep (1e6 chars x 4 s per million), which
+    # load does not shorten: finishing the 40 small items in under 4 s means they went round it
+    # (the `running` check above says the same from the database).
+    assert small_done < 4, small_done
     thread.join(15)
     assert not thread.is_alive()
     row = wait_status(harness.db, job_id, {"completed"}, timeout=2)
