@@ -12,7 +12,8 @@ Qwen3 writes `<think>…</think>` and then the answer. The cases this module han
 * closed by the thinking budget: the engine forced `</think>` after `thinking_budget` tokens
   and the model answered; `thinking_truncated(...)` says so from the token count.
 
-The engine adapter and every test use these two functions; nothing else parses thinking.
+The engine adapters, the runner and the tests use this module's functions (split, count,
+truncated, and whether a prompt opens the block); nothing else parses thinking.
 """
 
 from __future__ import annotations
