@@ -5,6 +5,8 @@ make two copies of its objects."""
 
 from __future__ import annotations
 
+import io
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -20,7 +22,6 @@ from sqlalchemy import orm
 from thinkbatch import jobs as service
 from thinkbatch.keys import Caller
 from thinkbatch.keys import create_key
-from thinkbatch.schemas import JobCreate
 from thinkbatch.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,14 +93,22 @@ def wait_until(
         time.sleep(poll)
 
 
+def submit_job(
+    db: sa.Engine, settings: Settings, body: dict[str, Any], *, tenant: str = TENANT
+) -> uuid.UUID:
+    """Store a job from a request body through the path POST /v1/jobs takes (the streaming
+    ingest, its validation and limits), without HTTP: what the runner then reads is what a
+    client's submission would have stored."""
+    raw = io.BytesIO(json.dumps(body).encode())
+    with orm.Session(db) as session, session.begin():
+        return service.create_job_from_stream(session, Caller(tenant, None), raw, settings).id
+
+
 def seed_job(
     db: sa.Engine, settings: Settings, n: int = 5, *, tenant: str = TENANT, **fields: Any
 ) -> uuid.UUID:
-    spec = JobCreate.model_validate(
-        {"items": [{"custom_id": f"i{k}", "prompt": f"prompt {k}"} for k in range(n)], **fields}
-    )
-    with orm.Session(db) as session, session.begin():
-        return service.create_job(session, Caller(tenant, None), spec, settings).id
+    items = [{"custom_id": f"i{k}", "prompt": f"prompt {k}"} for k in range(n)]
+    return submit_job(db, settings, {"items": items, **fields}, tenant=tenant)
 
 
 def check_invariants(db: sa.Engine, job_id: uuid.UUID, *, finished: bool = True) -> dict[str, int]:

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 from tests.helpers import check_invariants
 from tests.helpers import seed_job
+from tests.helpers import submit_job
 from tests.helpers import wait_until
 from tests.runner_harness import Harness
 from tests.runner_harness import job_row
@@ -193,16 +194,8 @@ def test_a_hung_item_times_out_and_the_rest_finish(harness: Harness) -> None:
     runner = harness.runner(item_deadline_s=1.0, lease_s=5, max_attempts=2)
     spec_items = [{"custom_id": f"i{k}", "prompt": f"p {k}"} for k in range(30)]
     spec_items[7] = {"custom_id": "hang", "prompt": "[[hang]] forever"}
-    from sqlalchemy import orm
 
-    from thinkbatch import jobs as service
-    from thinkbatch.keys import LOCAL
-    from thinkbatch.schemas import JobCreate
-
-    with orm.Session(harness.db) as session, session.begin():
-        job_id = service.create_job(
-            session, LOCAL, JobCreate.model_validate({"items": spec_items}), harness.settings
-        ).id
+    job_id = submit_job(harness.db, harness.settings, {"items": spec_items})
     thread, _ = harness.drive(runner, job_id)
     thread.join(30)
     counts = check_invariants(harness.db, job_id)

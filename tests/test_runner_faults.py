@@ -12,19 +12,15 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy import orm
 
-from tests.helpers import TENANT
 from tests.helpers import check_invariants
 from tests.helpers import seed_job
+from tests.helpers import submit_job
 from tests.runner_harness import Harness
 from tests.runner_harness import job_row
 from tests.runner_harness import wait_status
-from thinkbatch import jobs as service
-from thinkbatch.keys import Caller
 from thinkbatch.ledger import Claimed
 from thinkbatch.sampling import resolve_sampling
-from thinkbatch.schemas import JobCreate
 from thinkbatch.settings import Settings
 
 N = 40
@@ -32,10 +28,7 @@ BAD = {3, 17, 18, 31}  # 17 and 18 share a launch slice
 
 
 def create_job(db: sa.Engine, settings: Settings, items: list[dict[str, Any]]) -> uuid.UUID:
-    with orm.Session(db) as session, session.begin():
-        return service.create_job(
-            session, Caller(TENANT, None), JobCreate.model_validate({"items": items}), settings
-        ).id
+    return submit_job(db, settings, {"items": items})
 
 
 def store(db: sa.Engine, sql: str, **params: Any) -> None:

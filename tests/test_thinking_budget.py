@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from flask.testing import FlaskClient
 
 from tests.helpers import make_settings
+from tests.helpers import submit_job
 from tests.runner_harness import Harness
 from tests.runner_harness import wait_status
 from thinkbatch.sampling import resolve_sampling
@@ -167,16 +168,7 @@ def test_the_fake_engine_honours_the_budget(harness: Harness) -> None:
 
 
 def _submit(harness: Harness, body: dict[str, Any]) -> Any:
-    from sqlalchemy import orm
-
-    from tests.helpers import TENANT
-    from thinkbatch import jobs as service
-    from thinkbatch.keys import Caller
-    from thinkbatch.schemas import JobCreate
-
-    with orm.Session(harness.db) as session, session.begin():
-        spec = JobCreate.model_validate(body)
-        return service.create_job(session, Caller(TENANT, None), spec, harness.settings).id
+    return submit_job(harness.db, harness.settings, body)
 
 
 def _results(harness: Harness, job_id: Any) -> dict[str, dict[str, Any]]:

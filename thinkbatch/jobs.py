@@ -232,7 +232,11 @@ def job_items(session: orm.Session, job: Job) -> int:
 
 
 def create_job(session: orm.Session, caller: Caller, spec: JobCreate, settings: Settings) -> Job:
-    """Store a job given as a validated `JobCreate`, in the session's transaction."""
+    """Store a job given as a validated `JobCreate`, in the session's transaction.
+
+    The API and the tests store jobs through `create_job_from_stream` (the request body as it
+    streams); this stays for the throughput benchmark, which builds a spec of thousands of
+    items in memory and would only re-serialize it to feed the stream parser."""
     _check_header(spec, settings)
     job = _new_job(session, caller, settings)
     items = _Items(job.id, settings)
