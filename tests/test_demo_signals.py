@@ -22,6 +22,8 @@ import pytest
 
 from tests.helpers import ROOT
 
+pytestmark = pytest.mark.slow  # real processes: left out of make check
+
 # Settings the launcher would otherwise take from this environment.
 _CLEARED = ("DATABASE_URL", "REDIS_URL", "ENGINE", "MODEL", "DATA_DIR", "SERVED_MODEL_NAME")
 

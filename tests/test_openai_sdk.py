@@ -35,6 +35,8 @@ from tests.stacks import make_stack
 from tests.stacks import redis_db
 from thinkbatch.db import migrate
 
+pytestmark = pytest.mark.slow  # real processes: left out of make check
+
 MODEL = "thinkbatch-demo"
 CHAT = "/v1/chat/completions"
 # One hour of a completion_window lasts 2 s here, so that expiry happens within a test.

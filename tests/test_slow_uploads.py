@@ -19,6 +19,8 @@ from thinkbatch.settings import Settings
 from thinkbatch.stack import Proc
 from thinkbatch.stack import Stack
 
+pytestmark = pytest.mark.slow  # real processes: left out of make check
+
 READ_TIMEOUT_S = 3
 
 
