@@ -1,7 +1,7 @@
 # One command each; every target installs what it needs first (.venv, via scripts/install.py).
 PY := .venv/bin/python
 
-.PHONY: install demo test chaos bench bench-scale gpu-check lint clean
+.PHONY: install demo test check chaos bench bench-scale gpu-check lint clean
 
 install:
 	@python3 scripts/install.py
@@ -11,6 +11,9 @@ demo: install        ## a demo batch end to end on embedded PostgreSQL and Redis
 
 test: install        ## every test: unit, API, end to end with vLLM, chaos
 	$(PY) -m pytest
+
+check: install       ## the edit loop: unit and API tests, no real engine, no process stacks
+	$(PY) -m pytest -q -m "not e2e and not chaos and not slow"
 
 chaos: install       ## only the chaos suite, with its one-line-per-scenario summary
 	$(PY) -m pytest tests/chaos -m chaos
@@ -26,8 +29,8 @@ gpu-check:           ## on a GPU host: driver, compilers, the real stack, thinki
 	@$(MAKE) --no-print-directory install
 	$(PY) scripts/gpu_check.py $(ARGS)
 
-lint: install
-	$(PY) -m ruff check . && $(PY) -m ruff format --check .
+lint: install        ## ruff (rules and format) and mypy --strict on thinkbatch/ and api/
+	$(PY) -m ruff check . && $(PY) -m ruff format --check . && $(PY) -m mypy
 
 clean:
 	rm -rf .venv .thinkbatch

@@ -28,7 +28,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     settings = settings or Settings()
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
-    app.json.sort_keys = False  # keep the documented field order
+    app.json.sort_keys = False  # type: ignore[attr-defined]  # keep the documented field order
     engine = make_engine(settings)
     app.extensions["thinkbatch"] = Services(
         settings=settings,
@@ -63,4 +63,5 @@ def create_app(settings: Settings | None = None) -> Flask:
 
 
 def services() -> Services:
-    return current_app.extensions["thinkbatch"]
+    services: Services = current_app.extensions["thinkbatch"]
+    return services

@@ -47,7 +47,8 @@ class TooManyFailures(Exception):
 
 def public(view: F) -> F:
     """Mark a view as open to anonymous callers (probes and metrics only)."""
-    view._thinkbatch_public = True  # type: ignore[attr-defined]
+    # A marker on the view function itself, read back by is_public.
+    view._thinkbatch_public = True  # type: ignore[attr-defined]  # noqa: SLF001
     return view
 
 
@@ -55,7 +56,8 @@ def browser(view: F) -> F:
     """Mark a dashboard page: its key comes from the HttpOnly cookie the login page sets (a
     browser cannot send a bearer header on a page load); without a valid one it redirects to
     the login page. JSON routes never read the cookie, so it cannot be used against them."""
-    view._thinkbatch_browser = True  # type: ignore[attr-defined]
+    # A marker on the view function itself, read back by is_browser.
+    view._thinkbatch_browser = True  # type: ignore[attr-defined]  # noqa: SLF001
     return view
 
 

@@ -26,6 +26,9 @@ from flask import render_template
 from flask import request
 from flask import url_for
 
+# flask's redirect() is typed as werkzeug's Response, of which flask's is a subclass.
+from werkzeug.wrappers import Response as BaseResponse
+
 from api import services
 from api.auth import KEY_COOKIE
 from api.auth import MAX_KEY_CHARS
@@ -126,13 +129,16 @@ def timeline(job_id: str) -> Response:
     key = service.parse_job_id(job_id)
     with svc.sessions() as session:
         job = service.job_out(service.get_job(session, caller(), key))  # scopes by tenant
-        times = list(
-            session.scalars(
+        # The query already drops NULLs; the filter tells the type checker so.
+        times = [
+            t
+            for t in session.scalars(
                 sa.select(Item.finished_at)
                 .where(Item.job_id == key, Item.finished_at.is_not(None))
                 .order_by(Item.finished_at)
             )
-        )
+            if t is not None
+        ]
     row = _row(job)
     return _page("dashboard/timeline.html", refresh=row["running"], row=row, plot=plot(job, times))
 
@@ -143,7 +149,7 @@ def plot(job: JobOut, times: list[datetime], width: int = 640, height: int = 240
     start = job.started_at or job.created_at
     span = max(((times[-1] - start).total_seconds() if times else 0.0), 1.0)
     total = max(job.counts.total, 1)
-    points = [(pad, height - pad)]
+    points: list[tuple[float, float]] = [(pad, height - pad)]
     for n, t in enumerate(times, start=1):
         x = pad + (width - 2 * pad) * max((t - start).total_seconds(), 0.0) / span
         y = height - pad - (height - 2 * pad) * n / total
@@ -167,7 +173,7 @@ def login_form() -> Response:
 
 @bp.post("/login")
 @public
-def login() -> Response:
+def login() -> BaseResponse:
     svc = services()
     key = (request.form.get("key") or "").strip()
     limiter = svc_limiter()
@@ -195,7 +201,7 @@ def login() -> Response:
 
 @bp.post("/logout")
 @public
-def logout() -> Response:
+def logout() -> BaseResponse:
     response = redirect(url_for("dashboard.login_form"), 303)
     response.delete_cookie(KEY_COOKIE, path="/", httponly=True, samesite="Strict")
     return response
@@ -209,7 +215,7 @@ def svc_limiter() -> Any:
 
 def init_app(app: Flask) -> None:
     @app.errorhandler(LoginRequired)
-    def to_login(_: LoginRequired) -> Response:
+    def to_login(_: LoginRequired) -> BaseResponse:
         return redirect(url_for("dashboard.login_form"), 303)
 
     app.register_blueprint(bp)

@@ -47,7 +47,7 @@ _SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 def request_id() -> str:
-    rid = g.get("request_id")
+    rid: str | None = g.get("request_id")
     if rid is None:
         incoming = request.headers.get(REQUEST_ID_HEADER, "")
         rid = incoming if _SANE_REQUEST_ID.fullmatch(incoming) else uuid.uuid4().hex
@@ -58,7 +58,7 @@ def request_id() -> str:
 def _describe(error: BaseException) -> str:
     """The exception's type, SQLSTATE and stack, without its message or its causes' messages:
     those can quote the request's data."""
-    parts = []
+    parts: list[str] = []
     current: BaseException | None = error
     while current is not None and len(parts) < 5:
         name = f"{type(current).__module__}.{type(current).__qualname__}"

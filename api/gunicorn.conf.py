@@ -11,6 +11,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from thinkbatch.settings import Settings
 
@@ -20,23 +21,24 @@ _settings = Settings()
 # PROMETHEUS_MULTIPROC_DIR when it is imported, which happens in each worker after the fork,
 # so setting it here (in the master, before any worker starts) reaches them all. The directory
 # is wiped at every start: files of a previous run would add stale counts.
-_metrics_dir = _settings.prometheus_multiproc_dir
-_own_metrics_dir = _metrics_dir is None
-if _metrics_dir is None:
-    _metrics_dir = Path(tempfile.mkdtemp(prefix="thinkbatch-api-metrics-"))
+_own_metrics_dir = _settings.prometheus_multiproc_dir is None
+_metrics_dir: Path = _settings.prometheus_multiproc_dir or Path(
+    tempfile.mkdtemp(prefix="thinkbatch-api-metrics-")
+)
 shutil.rmtree(_metrics_dir, ignore_errors=True)
 Path(_metrics_dir).mkdir(parents=True, exist_ok=True)
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(_metrics_dir)
 
 
-def child_exit(server, worker):  # noqa: ANN001, ANN201 - gunicorn's hook signature
+# gunicorn's server hooks: gunicorn ships no type information, so its arbiter and worker are Any.
+def child_exit(server: Any, worker: Any) -> None:
     """A worker that exits leaves its gauge files behind; mark them dead (counters stay)."""
     from prometheus_client import multiprocess
 
-    multiprocess.mark_process_dead(worker.pid)
+    multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
 
 
-def on_exit(server):  # noqa: ANN001, ANN201
+def on_exit(server: Any) -> None:
     if _own_metrics_dir:
         shutil.rmtree(_metrics_dir, ignore_errors=True)
 

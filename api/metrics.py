@@ -53,7 +53,7 @@ def job_submitted(items: int) -> None:
 def registry() -> CollectorRegistry:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         merged = CollectorRegistry()
-        multiprocess.MultiProcessCollector(merged)
+        multiprocess.MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
         return merged
     return REGISTRY
 

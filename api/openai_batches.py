@@ -22,6 +22,7 @@ from api.openapi import Query
 from api.openapi import describe
 from thinkbatch import batches as service
 from thinkbatch import files
+from thinkbatch import jobs
 from thinkbatch.ingest import validation_error
 from thinkbatch.jobs import InvalidRequest
 from thinkbatch.ledger import mark_hinted
@@ -124,7 +125,7 @@ def create() -> dict[str, object]:
                 session, svc.engine, caller(), spec, idempotency_key=key, settings=svc.settings
             )
             queued = new and job.status == JobStatus.queued
-            copies = service.jobs.fanout(job, svc.settings)
+            copies = jobs.fanout(job, svc.settings)
         # After the commit, as for /v1/jobs: the sweeper enqueues it if Redis is down.
         if queued and publish_job(svc.celery, job.id, copies=copies):
             with svc.engine.begin() as conn:

@@ -31,6 +31,7 @@ from flask import Blueprint
 from flask import Flask
 from flask import Response
 from flask import current_app
+from flask import jsonify
 from flask import send_from_directory
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
@@ -113,7 +114,7 @@ def document(app: Flask) -> dict[str, Any]:
             if isinstance(answer, type):
                 models[(answer, "serialization")] = None
 
-    refs, schemas = models_json_schema(list(models), ref_template=_REF)
+    refs, schemas = models_json_schema(list(models), ref_template=_REF)  # type: ignore[arg-type]
     paths: dict[str, dict[str, Any]] = {}
     for path, method, doc, anonymous in operations:
         paths.setdefault(path, {})[method] = _operation(path, method, doc, refs, anonymous)
@@ -230,7 +231,7 @@ def openapi_json() -> Response:
     cache = current_app.extensions.setdefault("openapi", {})
     if "doc" not in cache:
         cache["doc"] = document(current_app)
-    return current_app.json.response(cache["doc"])
+    return jsonify(cache["doc"])
 
 
 @bp.get("/docs")

@@ -302,8 +302,8 @@ def _train_tokenizer(examples: list[dict[str, Any]]) -> PreTrainedTokenizerFast:
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in _THINK_TOKENS])
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
+        eos_token="<|im_end|>",  # noqa: S106 - a token of the vocabulary, not a password
+        pad_token="<|endoftext|>",  # noqa: S106 - a token of the vocabulary, not a password
         additional_special_tokens=["<|im_start|>", "<|im_end|>"],
         chat_template=QWEN3_CHAT_TEMPLATE,
         model_max_length=2048,
@@ -370,7 +370,7 @@ def _train(
         return 0.1 + 0.45 * (1 + math.cos(math.pi * progress))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
-    batches = _batches([len(ids) for ids, _ in encoded], random.Random(seed))
+    batches = _batches([len(ids) for ids, _ in encoded], random.Random(seed))  # noqa: S311 - seeded on purpose: the same demo every run
     recent: list[float] = []
     model.train()
     for _ in range(steps):

@@ -3,7 +3,8 @@
 The questions come from the seed articles (Qwen3-8B batch inference, vLLM, PagedAttention,
 continuous batching, left padding, thinking mode). The tiny model cannot really answer
 anything: it only learns the *shape* of a Qwen3 reasoning reply, so every answer here is a
-short canned text. Pure Python on purpose: the API imports DEMO_ITEMS without torch.
+short canned text. Pure Python on purpose: the demo launcher (demo/run.py) imports DEMO_ITEMS
+without torch; only demo/model.py's training needs it.
 """
 
 from __future__ import annotations
@@ -480,7 +481,7 @@ def training_conversations(seed: int = 0) -> Iterator[dict[str, Any]]:
       last assistant message is the target (`<think>\\n…\\n</think>\\n\\n…` when thinking).
     - raw: {"prompt": str, "completion": str}; the completion ends with <|endoftext|>.
     """
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 - seeded on purpose: the same prompts every run
     topics = (*_TOPICS, _FALLBACK)
     singles = [
         (topic, lang, question)

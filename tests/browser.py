@@ -58,6 +58,10 @@ class Browser:
     async def _call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         msg_id = next(self.ids)
         await self.ws.send(json.dumps({"id": msg_id, "method": method, "params": params}))
+        async with asyncio.timeout(60):  # a browser that never answers fails the test, not hangs
+            return await self._answer(method, msg_id)
+
+    async def _answer(self, method: str, msg_id: int) -> dict[str, Any]:
         while True:
             msg = json.loads(await self.ws.recv())
             if msg.get("id") == msg_id:

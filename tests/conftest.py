@@ -10,45 +10,29 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import redis
 import sqlalchemy as sa
 from flask import Flask
 from flask.testing import FlaskClient
-from sqlalchemy import orm
 
 from api import create_app
+from tests.helpers import TENANT
+from tests.helpers import Servers
+from tests.helpers import keyed_client
+from tests.helpers import make_key
+from tests.helpers import make_settings
+from tests.helpers import recreate_database
 from thinkbatch.db import migrate
-from thinkbatch.keys import create_key
 from thinkbatch.local_services import LocalPostgres
 from thinkbatch.local_services import LocalRedis
 from thinkbatch.settings import Settings
 
-ROOT = Path(__file__).resolve().parent.parent
-TENANT = "acme"  # the tenant of the `client` fixture and of tests.helpers.seed_job
 TABLES = "item_results, items, jobs, workers, api_keys"
 
-
-@dataclass(frozen=True)
-class Servers:
-    postgres_admin_url: str  # a URL on the server's maintenance database
-    redis_url: str
-
-
-def _with_database(url: str, name: str) -> str:
-    return sa.make_url(url).set(database=name).render_as_string(hide_password=False)
-
-
-def recreate_database(admin_url: str, name: str) -> str:
-    engine = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    engine.dispose()
-    return _with_database(admin_url, name)
+# Fixtures kept in modules of their own, next to the helpers they use.
+pytest_plugins = ["tests.runner_harness"]
 
 
 @pytest.fixture(scope="session")
@@ -84,28 +68,6 @@ def redis_url(servers: Servers) -> str:
     return servers.redis_url
 
 
-def make_settings(database_url: str, redis_url: str, **overrides: object) -> Settings:
-    values: dict[str, object] = {
-        "database_url": database_url,
-        "redis_url": redis_url,
-        "engine": "fake",
-        "model": "thinkbatch-demo",
-        "max_num_seqs": 16,
-        "max_model_len": 2048,
-        "item_deadline_s": 20,
-        "lease_s": 30,
-        "visibility_timeout_s": 120,
-        "task_slice_s": 30,
-        "heartbeat_s": 0.5,
-        "worker_dead_after_s": 3,
-        "sweep_interval_s": 0.5,
-        "hint_stale_s": 2,
-        "write_interval_s": 0.05,
-    }
-    values.update(overrides)
-    return Settings(_env_file=None, **values)  # type: ignore[arg-type]
-
-
 @pytest.fixture
 def settings(database_url: str, redis_url: str) -> Settings:
     return make_settings(database_url, redis_url)
@@ -126,18 +88,6 @@ def app(settings: Settings, db: sa.Engine) -> Iterator[Flask]:
     app = create_app(settings)
     yield app
     app.extensions["thinkbatch"].engine.dispose()
-
-
-def make_key(engine: sa.Engine, tenant: str) -> str:
-    with orm.Session(engine) as session, session.begin():
-        key, _ = create_key(session, tenant, "tests")
-    return key
-
-
-def keyed_client(app: Flask, key: str) -> FlaskClient:
-    client = app.test_client()
-    client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {key}"
-    return client
 
 
 @pytest.fixture

@@ -1,28 +1,114 @@
-"""Shared test helpers: seeding jobs and checking the invariants every scenario must keep."""
+"""Shared test helpers: settings, databases and keys of the tests, seeding jobs, and the
+invariants every scenario must keep. Tests import from here, never from conftest.py (which
+holds only fixtures): pytest imports conftest itself, and a second import of it by name can
+make two copies of its objects."""
 
 from __future__ import annotations
 
+import io
+import json
+import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from flask import Flask
+from flask.testing import FlaskClient
 from sqlalchemy import orm
 
-from tests.conftest import TENANT
 from thinkbatch import jobs as service
 from thinkbatch.keys import Caller
-from thinkbatch.schemas import JobCreate
+from thinkbatch.keys import create_key
 from thinkbatch.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+TENANT = "acme"  # the tenant of the `client` fixture and of tests.helpers.seed_job
+
+
+@dataclass(frozen=True)
+class Servers:
+    postgres_admin_url: str  # a URL on the server's maintenance database
+    redis_url: str
+
+
+def _with_database(url: str, name: str) -> str:
+    return sa.make_url(url).set(database=name).render_as_string(hide_password=False)
+
+
+def recreate_database(admin_url: str, name: str) -> str:
+    engine = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    engine.dispose()
+    return _with_database(admin_url, name)
+
+
+def make_settings(database_url: str, redis_url: str, **overrides: object) -> Settings:
+    values: dict[str, object] = {
+        "database_url": database_url,
+        "redis_url": redis_url,
+        "engine": "fake",
+        "model": "thinkbatch-demo",
+        "max_num_seqs": 16,
+        "max_model_len": 2048,
+        "item_deadline_s": 20,
+        "lease_s": 30,
+        "visibility_timeout_s": 120,
+        "task_slice_s": 30,
+        "heartbeat_s": 0.5,
+        "worker_dead_after_s": 3,
+        "sweep_interval_s": 0.5,
+        "hint_stale_s": 2,
+        "write_interval_s": 0.05,
+    }
+    values.update(overrides)
+    return Settings(_env_file=None, **values)  # type: ignore[arg-type]
+
+
+def make_key(engine: sa.Engine, tenant: str) -> str:
+    with orm.Session(engine) as session, session.begin():
+        key, _ = create_key(session, tenant, "tests")
+    return key
+
+
+def keyed_client(app: Flask, key: str) -> FlaskClient:
+    client = app.test_client()
+    client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {key}"
+    return client
+
+
+def wait_until(
+    condition: Callable[[], bool], timeout: float, what: str, poll: float = 0.02
+) -> None:
+    """Poll `condition` until it holds; fail naming `what` after `timeout` seconds. Every wait
+    in the tests has a deadline, so a regression fails the test instead of hanging the run."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(poll)
+
+
+def submit_job(
+    db: sa.Engine, settings: Settings, body: dict[str, Any], *, tenant: str = TENANT
+) -> uuid.UUID:
+    """Store a job from a request body through the path POST /v1/jobs takes (the streaming
+    ingest, its validation and limits), without HTTP: what the runner then reads is what a
+    client's submission would have stored."""
+    raw = io.BytesIO(json.dumps(body).encode())
+    with orm.Session(db) as session, session.begin():
+        return service.create_job_from_stream(session, Caller(tenant, None), raw, settings).id
 
 
 def seed_job(
     db: sa.Engine, settings: Settings, n: int = 5, *, tenant: str = TENANT, **fields: Any
 ) -> uuid.UUID:
-    spec = JobCreate.model_validate(
-        {"items": [{"custom_id": f"i{k}", "prompt": f"prompt {k}"} for k in range(n)], **fields}
-    )
-    with orm.Session(db) as session, session.begin():
-        return service.create_job(session, Caller(tenant, None), spec, settings).id
+    items = [{"custom_id": f"i{k}", "prompt": f"prompt {k}"} for k in range(n)]
+    return submit_job(db, settings, {"items": items, **fields}, tenant=tenant)
 
 
 def check_invariants(db: sa.Engine, job_id: uuid.UUID, *, finished: bool = True) -> dict[str, int]:

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 
-from tests.conftest import ROOT
-from tests.conftest import TENANT
+from tests.helpers import ROOT
+from tests.helpers import TENANT
 from thinkbatch.keys import issue_key
 from thinkbatch.settings import DEMO_MODEL
 from thinkbatch.stack import CPU_ENGINE_DEFAULTS

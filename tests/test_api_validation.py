@@ -114,7 +114,7 @@ def test_bad_input_is_a_400_naming_the_field(
         assert conn.execute(sa.text("SELECT count(*) FROM items")).scalar() == 0
 
 
-def test_too_many_items(client: FlaskClient, db: sa.Engine, app) -> None:  # noqa: ANN001
+def test_too_many_items(client: FlaskClient, db: sa.Engine, app) -> None:
     limit = app.extensions["thinkbatch"].settings.max_items_per_job
     items = [{"prompt": "x"}] * (limit + 1)
     response = client.post("/v1/jobs", json={"items": items})
@@ -122,10 +122,10 @@ def test_too_many_items(client: FlaskClient, db: sa.Engine, app) -> None:  # noq
     assert response.json["error"]["param"] == "items"
 
 
-def test_body_over_the_size_limit_is_413(settings, db: sa.Engine) -> None:  # noqa: ANN001
+def test_body_over_the_size_limit_is_413(settings, db: sa.Engine) -> None:
     from api import create_app
-    from tests.conftest import keyed_client
-    from tests.conftest import make_key
+    from tests.helpers import keyed_client
+    from tests.helpers import make_key
 
     small = settings.model_copy(update={"max_request_bytes": 2048})
     client = keyed_client(create_app(small), make_key(db, "acme"))

@@ -17,8 +17,8 @@ from sqlalchemy import orm
 from werkzeug.routing import Rule
 
 from api import create_app
-from tests.conftest import keyed_client
-from tests.conftest import make_key
+from tests.helpers import keyed_client
+from tests.helpers import make_key
 from thinkbatch.keys import revoke_key
 from thinkbatch.settings import Settings
 

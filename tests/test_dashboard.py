@@ -10,8 +10,8 @@ import sqlalchemy as sa
 from flask import Flask
 from flask.testing import FlaskClient
 
-from tests.conftest import TENANT
-from tests.conftest import make_key
+from tests.helpers import TENANT
+from tests.helpers import make_key
 from tests.helpers import seed_job
 from thinkbatch import logging_setup
 from thinkbatch.settings import Settings

@@ -20,7 +20,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
+
+pytestmark = pytest.mark.slow  # real processes: left out of make check
 
 # Settings the launcher would otherwise take from this environment.
 _CLEARED = ("DATABASE_URL", "REDIS_URL", "ENGINE", "MODEL", "DATA_DIR", "SERVED_MODEL_NAME")

@@ -16,7 +16,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 from thinkbatch.settings import DEMO_MODEL
 from thinkbatch.settings import Settings
 
@@ -89,6 +89,7 @@ def _gpu_requirement() -> str:
     return json.loads(line.split("=", 1)[1])[0]
 
 
+@pytest.mark.slow  # a pip resolve against the index: tens of seconds
 @pytest.mark.skipif(not _pypi_reachable(), reason="PyPI is unreachable: cannot resolve the extra")
 def test_gpu_extra_resolves_on_pypi_to_the_pinned_torch_and_cuda(tmp_path: Path) -> None:
     requirement = _gpu_requirement()

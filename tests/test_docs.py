@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 from thinkbatch.settings import Settings
 
 
-def _script():  # noqa: ANN202
+def _script():
     spec = importlib.util.spec_from_file_location(
         "settings_table", ROOT / "scripts/settings_table.py"
     )

@@ -4,6 +4,7 @@ the tiny demo Qwen3) -> Postgres -> HTTP."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,9 @@ import pytest
 import redis
 import sqlalchemy as sa
 
-from tests.conftest import Servers
-from tests.conftest import recreate_database
+from tests.helpers import Servers
 from tests.helpers import check_invariants
+from tests.helpers import recreate_database
 from tests.stacks import FAST_RECOVERY_ENV
 from tests.stacks import FLOWER_AUTH
 from tests.stacks import VLLM_ENV
@@ -202,7 +203,9 @@ def test_the_engines_scheduler_load_is_in_the_worker_metrics(
     job = client.submit(items, params={"max_tokens": 400, "ignore_eos": True})
     seen: dict[str, float] = {}
     url = f"http://127.0.0.1:{WORKER_METRICS_PORT}/metrics"
+    deadline = time.monotonic() + 600  # the real CPU engine on a loaded host
     while client.job(job["id"])["status"] in ("queued", "running"):
+        assert time.monotonic() < deadline, "the job did not finish within 600 s"
         for line in httpx.get(url, timeout=10).text.splitlines():
             name, _, value = line.partition(" ")
             if name.startswith("thinkbatch_worker_engine_"):

@@ -10,7 +10,7 @@ from prometheus_client import REGISTRY
 from vllm.v1.metrics.stats import SchedulerStats
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
-from tests.conftest import make_settings
+from tests.helpers import make_settings
 from worker.engine import SchedulerLoad
 from worker.metrics import metrics
 from worker.vllm_engine import VLLMEngine

@@ -23,10 +23,10 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from api import create_app
-from tests.conftest import ROOT
-from tests.conftest import TENANT
-from tests.conftest import keyed_client
-from tests.conftest import make_key
+from tests.helpers import ROOT
+from tests.helpers import TENANT
+from tests.helpers import keyed_client
+from tests.helpers import make_key
 from thinkbatch import ingest
 from thinkbatch.settings import Settings
 
@@ -526,7 +526,7 @@ _DEEP_CHILD = textwrap.dedent(
     import json, resource, sys, time
     import psutil
     import sqlalchemy as sa
-    from tests.conftest import TENANT, keyed_client, make_key, make_settings
+    from tests.helpers import TENANT, keyed_client, make_key, make_settings
     from api import create_app
 
     app = create_app(make_settings(sys.argv[1], sys.argv[2]))

@@ -6,8 +6,8 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from tests.conftest import Servers
-from tests.conftest import recreate_database
+from tests.helpers import Servers
+from tests.helpers import recreate_database
 from thinkbatch.db import migrate
 from thinkbatch.models import Base
 

@@ -26,14 +26,16 @@ from openai.types import Batch
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
-from tests.conftest import ROOT
-from tests.conftest import Servers
-from tests.conftest import recreate_database
+from tests.helpers import ROOT
+from tests.helpers import Servers
+from tests.helpers import recreate_database
 from tests.stacks import FAST_RECOVERY_ENV
 from tests.stacks import api_key
 from tests.stacks import make_stack
 from tests.stacks import redis_db
 from thinkbatch.db import migrate
+
+pytestmark = pytest.mark.slow  # real processes: left out of make check
 
 MODEL = "thinkbatch-demo"
 CHAT = "/v1/chat/completions"

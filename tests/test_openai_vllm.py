@@ -14,8 +14,8 @@ import redis
 from openai import OpenAI
 from openai.types.chat import ChatCompletion
 
-from tests.conftest import Servers
-from tests.conftest import recreate_database
+from tests.helpers import Servers
+from tests.helpers import recreate_database
 from tests.stacks import FAST_RECOVERY_ENV
 from tests.stacks import VLLM_ENV
 from tests.stacks import api_key

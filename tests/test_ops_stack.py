@@ -18,8 +18,8 @@ import redis
 from tests.browser import ARTIFACTS
 from tests.browser import Browser
 from tests.browser import find_chromium
-from tests.conftest import Servers
-from tests.conftest import recreate_database
+from tests.helpers import Servers
+from tests.helpers import recreate_database
 from tests.stacks import FAST_RECOVERY_ENV
 from tests.stacks import FLOWER_AUTH
 from tests.stacks import Client

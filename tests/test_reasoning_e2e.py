@@ -9,24 +9,22 @@ from __future__ import annotations
 
 import json
 import threading
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy import orm
 
-from tests.conftest import TENANT
-from tests.conftest import Servers
-from tests.conftest import make_settings
-from tests.conftest import recreate_database
+from tests.helpers import TENANT
+from tests.helpers import Servers
+from tests.helpers import make_settings
+from tests.helpers import recreate_database
+from tests.helpers import submit_job
 from tests.stacks import VLLM_ENV
 from tests.stacks import redis_db
 from thinkbatch import jobs as service
 from thinkbatch.db import migrate
 from thinkbatch.keys import Caller
-from thinkbatch.schemas import JobCreate
 from thinkbatch.settings import Settings
 from worker.engine import create_engine
 from worker.runner import Runner
@@ -92,9 +90,7 @@ def _settings(url: str, redis_url: str, **overrides: Any) -> Settings:
 def _run(settings: Settings, db: sa.Engine, items: list[dict[str, Any]]) -> dict[str, Any]:
     """One job on a fresh runner with this engine; every item record by custom_id, and the
     engine's speculative decoding figures."""
-    with orm.Session(db) as session, session.begin():
-        spec = JobCreate.model_validate({"items": items})
-        job_id: uuid.UUID = service.create_job(session, Caller(TENANT, None), spec, settings).id
+    job_id = submit_job(db, settings, {"items": items})
     engine = create_engine(settings)
     runner = Runner(settings, engine=engine, db=db, publish=lambda _: True)
     runner.start()

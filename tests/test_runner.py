@@ -6,79 +6,21 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from tests.conftest import make_settings
 from tests.helpers import check_invariants
 from tests.helpers import seed_job
+from tests.helpers import submit_job
+from tests.helpers import wait_until
+from tests.runner_harness import Harness
+from tests.runner_harness import job_row
+from tests.runner_harness import wait_status
 from thinkbatch.settings import Settings
 from worker.engine import create_engine
 from worker.runner import Runner
-
-
-class Harness:
-    def __init__(self, settings: Settings, db: sa.Engine):
-        self.settings = settings
-        self.db = db
-        self.published: list[uuid.UUID] = []
-        self.runners: list[Runner] = []
-
-    def runner(
-        self,
-        publish: Callable[[uuid.UUID], bool] | None = None,
-        publish_here: Callable[[uuid.UUID], bool] | None = None,
-        **overrides: Any,
-    ) -> Runner:
-        settings = self.settings.model_copy(update=overrides) if overrides else self.settings
-        runner = Runner(
-            settings,
-            engine=create_engine(settings),
-            db=self.db,
-            publish=publish or (lambda job_id: self.published.append(job_id) or True),
-            publish_here=publish_here,
-        )
-        runner.start()
-        self.runners.append(runner)
-        return runner
-
-    def drive(self, runner: Runner, job_id: uuid.UUID) -> tuple[threading.Thread, list[Any]]:
-        reports: list[Any] = []
-        thread = threading.Thread(
-            target=lambda: reports.append(runner.drive(job_id, lambda d, t: reports.append((d, t))))
-        )
-        thread.start()
-        return thread, reports
-
-    def close(self) -> None:
-        for runner in self.runners:
-            runner.close(timeout=5)
-
-
-@pytest.fixture
-def harness(database_url: str, redis_url: str, db: sa.Engine) -> Iterator[Harness]:
-    settings = make_settings(database_url, redis_url, engine_extra_args={"step_s": 0.002})
-    h = Harness(settings, db)
-    yield h
-    h.close()
-
-
-def job_row(db: sa.Engine, job_id: uuid.UUID) -> Any:
-    with db.connect() as conn:
-        return conn.execute(sa.text("SELECT * FROM jobs WHERE id = :id"), {"id": job_id}).one()
-
-
-def wait_status(db: sa.Engine, job_id: uuid.UUID, statuses: set[str], timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        row = job_row(db, job_id)
-        if row.status in statuses:
-            return row
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} still {job_row(db, job_id).status}")
 
 
 def test_a_job_runs_to_completion_with_the_engine_kept_full(harness: Harness) -> None:
@@ -109,6 +51,11 @@ def test_a_job_runs_to_completion_with_the_engine_kept_full(harness: Harness) ->
     # full batch (max_num_seqs) at nearly every sample, i.e. it never drained between claims.
     busy = depth[: len(depth) * 2 // 3]
     full = sum(d >= harness.settings.max_num_seqs for d in busy) / len(busy)
+    # Why 90 % holds on a loaded 2-core host: the runner keeps 2 x max_num_seqs items in the
+    # engine, so a full batch waits behind the running one, and a fake item lives for tens of
+    # 2 ms steps. The engine drops below a full batch only if one refill (a claim and its
+    # preparing) takes longer than a whole batch takes to finish; load slows the engine's steps
+    # (same process, same CPUs) as much as the claimer, and the 10 % covers the odd stall.
     assert full > 0.9, full
     assert max(depth) <= harness.settings.inflight_window
 
@@ -204,9 +151,8 @@ def test_a_slice_hands_the_job_on_before_its_tail_drains(harness: Harness) -> No
     runner = harness.runner(publish=hand_on, task_slice_s=0.3, engine_extra_args={"step_s": 0.004})
     job_id = seed_job(harness.db, harness.settings, n=600)
     threads.append(harness.drive(runner, job_id)[0])
-    while any(t.is_alive() for t in threads):
-        for thread in list(threads):
-            thread.join(60)
+    # Each slice starts the next thread before it ends, so join until none is left, bounded.
+    wait_until(lambda: not any(t.is_alive() for t in threads), 120, "every slice ended", 0.05)
     assert wait_status(harness.db, job_id, {"completed"}).succeeded == 600
     check_invariants(harness.db, job_id)
     assert len(handoffs) >= 2
@@ -214,12 +160,11 @@ def test_a_slice_hands_the_job_on_before_its_tail_drains(harness: Harness) -> No
     assert min(handoffs) >= harness.settings.max_num_seqs, handoffs
 
 
-def test_cancel_mid_job(harness: Harness, client) -> None:  # noqa: ANN001
+def test_cancel_mid_job(harness: Harness, client) -> None:
     runner = harness.runner(engine_extra_args={"step_s": 0.01})
     job_id = seed_job(harness.db, harness.settings, n=300)
     thread, _ = harness.drive(runner, job_id)
-    while job_row(harness.db, job_id).succeeded < 20:
-        time.sleep(0.02)
+    wait_until(lambda: job_row(harness.db, job_id).succeeded >= 20, 30, "20 items done")
     response = client.post(f"/v1/jobs/{job_id}/cancel")
     assert response.status_code == 200
     assert response.json["status"] in ("cancelling", "cancelled")
@@ -249,16 +194,8 @@ def test_a_hung_item_times_out_and_the_rest_finish(harness: Harness) -> None:
     runner = harness.runner(item_deadline_s=1.0, lease_s=5, max_attempts=2)
     spec_items = [{"custom_id": f"i{k}", "prompt": f"p {k}"} for k in range(30)]
     spec_items[7] = {"custom_id": "hang", "prompt": "[[hang]] forever"}
-    from sqlalchemy import orm
 
-    from thinkbatch import jobs as service
-    from thinkbatch.keys import LOCAL
-    from thinkbatch.schemas import JobCreate
-
-    with orm.Session(harness.db) as session, session.begin():
-        job_id = service.create_job(
-            session, LOCAL, JobCreate.model_validate({"items": spec_items}), harness.settings
-        ).id
+    job_id = submit_job(harness.db, harness.settings, {"items": spec_items})
     thread, _ = harness.drive(runner, job_id)
     thread.join(30)
     counts = check_invariants(harness.db, job_id)
@@ -274,8 +211,7 @@ def test_graceful_shutdown_releases_items(harness: Harness) -> None:
     runner = harness.runner(engine_extra_args={"step_s": 0.02})
     job_id = seed_job(harness.db, harness.settings, n=200)
     thread, reports = harness.drive(runner, job_id)
-    while job_row(harness.db, job_id).succeeded < 10:
-        time.sleep(0.02)
+    wait_until(lambda: job_row(harness.db, job_id).succeeded >= 10, 30, "10 items done")
     runner.begin_shutdown()
     thread.join(10)
     assert not thread.is_alive()
@@ -296,7 +232,7 @@ def test_a_big_claim_is_rendered_and_launched_in_slices(harness: Harness) -> Non
     sizes: list[int] = []
     prepare = runner.engine.prepare
 
-    def recording(items, sampling):  # noqa: ANN001, ANN202
+    def recording(items, sampling):
         sizes.append(len(items))
         return prepare(items, sampling)
 
@@ -389,7 +325,9 @@ def test_a_tenant_with_many_jobs_does_not_hold_back_another(harness: Harness) ->
     small = seed_job(harness.db, harness.settings, n=200, tenant="small")
     small_thread, _ = harness.drive(runner, small)
     held: list[int] = []  # the small tenant's items in the engine, sampled while it runs
+    deadline = time.monotonic() + 60
     while small_thread.is_alive():
+        assert time.monotonic() < deadline, "the small job did not finish within 60 s"
         handle = runner.inflight.handles.get(small)
         if handle is not None:
             held.append(handle.job_inflight())

@@ -12,20 +12,15 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy import orm
 
-from tests.conftest import TENANT
 from tests.helpers import check_invariants
 from tests.helpers import seed_job
-from tests.test_runner import Harness
-from tests.test_runner import harness  # noqa: F401 - the fixture
-from tests.test_runner import job_row
-from tests.test_runner import wait_status
-from thinkbatch import jobs as service
-from thinkbatch.keys import Caller
+from tests.helpers import submit_job
+from tests.runner_harness import Harness
+from tests.runner_harness import job_row
+from tests.runner_harness import wait_status
 from thinkbatch.ledger import Claimed
 from thinkbatch.sampling import resolve_sampling
-from thinkbatch.schemas import JobCreate
 from thinkbatch.settings import Settings
 
 N = 40
@@ -33,10 +28,7 @@ BAD = {3, 17, 18, 31}  # 17 and 18 share a launch slice
 
 
 def create_job(db: sa.Engine, settings: Settings, items: list[dict[str, Any]]) -> uuid.UUID:
-    with orm.Session(db) as session, session.begin():
-        return service.create_job(
-            session, Caller(TENANT, None), JobCreate.model_validate({"items": items}), settings
-        ).id
+    return submit_job(db, settings, {"items": items})
 
 
 def store(db: sa.Engine, sql: str, **params: Any) -> None:
@@ -84,7 +76,7 @@ MARKERS = {
 
 @pytest.mark.parametrize("stage", ["resolve", *MARKERS])
 def test_a_failure_at_any_stage_fails_only_the_items_concerned(
-    harness: Harness,  # noqa: F811
+    harness: Harness,
     stage: str,
 ) -> None:
     runner = harness.runner()
@@ -125,7 +117,7 @@ def test_a_failure_at_any_stage_fails_only_the_items_concerned(
 
 
 def test_values_the_engine_refuses_end_the_job_and_cancel_still_works(
-    harness: Harness,  # noqa: F811
+    harness: Harness,
 ) -> None:
     """The issue's example: temperature 3.0 (vLLM allows at most 2) and stop "" on every item.
     No item can run; each fails with the engine's message and the job ends."""
@@ -157,7 +149,7 @@ def test_values_the_engine_refuses_end_the_job_and_cancel_still_works(
 
 
 def test_a_broken_tokenizer_costs_the_items_an_attempt_not_their_result(
-    harness: Harness,  # noqa: F811
+    harness: Harness,
 ) -> None:
     """When every item of a batch fails even alone, the fault may be the worker's: they are
     retried (an attempt counted each time) rather than failed at once."""
@@ -167,7 +159,7 @@ def test_a_broken_tokenizer_costs_the_items_an_attempt_not_their_result(
     prepare = engine.prepare
     broken = {"calls": 1 + 6}  # the batch, then each item alone; then it works again
 
-    def flaky(items, sampling):  # noqa: ANN001, ANN202
+    def flaky(items, sampling):
         if broken["calls"] > 0:
             broken["calls"] -= 1
             raise RuntimeError("tokenizer crashed")
@@ -181,7 +173,7 @@ def test_a_broken_tokenizer_costs_the_items_an_attempt_not_their_result(
     check_invariants(harness.db, job_id)
 
 
-def test_a_huge_prompt_does_not_hold_back_the_others(harness: Harness) -> None:  # noqa: F811
+def test_a_huge_prompt_does_not_hold_back_the_others(harness: Harness) -> None:
     # Tokenizing costs 4 s per million characters; the big prompt is first in the claim.
     runner = harness.runner(engine_extra_args={"step_s": 0.002, "tokenize_s_per_mchar": 4.0})
     items = [{"custom_id": "big", "prompt": "placeholder"}]
@@ -197,7 +189,10 @@ def test_a_huge_prompt_does_not_hold_back_the_others(harness: Harness) -> None: 
     big = items_by_status(harness.db, job_id)
     # Every small item went through the engine while the big one was still being tokenized.
     assert "big" in big.get("running", {}), (small_done, big)
-    assert small_done < 3, small_done
+    # The big prompt's tokenizing is a 4 s wall-clock sleep (1e6 chars x 4 s per million), which
+    # load does not shorten: finishing the 40 small items in under 4 s means they went round it
+    # (the `running` check above says the same from the database).
+    assert small_done < 4, small_done
     thread.join(15)
     assert not thread.is_alive()
     row = wait_status(harness.db, job_id, {"completed"}, timeout=2)

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 REQUIRED = re.compile(r"\$\{(\w+):\?[^}]*\}")
 

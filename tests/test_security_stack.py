@@ -17,8 +17,8 @@ from kombu import Connection
 from kombu import Exchange
 from kombu import Producer
 
-from tests.conftest import Servers
-from tests.conftest import recreate_database
+from tests.helpers import Servers
+from tests.helpers import recreate_database
 from tests.stacks import FAST_RECOVERY_ENV
 from tests.stacks import FLOWER_AUTH
 from tests.stacks import Client

@@ -13,11 +13,13 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from tests.conftest import TENANT
-from tests.conftest import make_key
+from tests.helpers import TENANT
+from tests.helpers import make_key
 from thinkbatch.settings import Settings
 from thinkbatch.stack import Proc
 from thinkbatch.stack import Stack
+
+pytestmark = pytest.mark.slow  # real processes: left out of make check
 
 READ_TIMEOUT_S = 3
 
@@ -64,6 +66,8 @@ def test_stalled_uploads_do_not_block_others(api: Proc, db: sa.Engine) -> None:
     stalled = [stall(api.port, key) for _ in range(10)]
     try:
         time.sleep(0.5)  # every stalled request is now inside a worker, waiting for its body
+        # 1 s is safe on a loaded 2-core host: a served request takes tens of milliseconds, and
+        # a blocked one would wait for a stalled thread, i.e. READ_TIMEOUT_S (3 s) at least.
         for _ in range(3):  # new connections, as new clients would open them
             start = time.monotonic()
             assert httpx.get(f"{base}/healthz", timeout=1.0).status_code == 200

@@ -22,7 +22,7 @@ def test_figures_are_summed_over_steps() -> None:
 
 
 def test_the_fake_engine_reports_no_speculation() -> None:
-    from tests.conftest import make_settings
+    from tests.helpers import make_settings
     from worker.engine import create_engine
 
     engine = create_engine(make_settings("postgresql://x/y", "redis://x/0"))

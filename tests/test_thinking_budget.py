@@ -12,9 +12,10 @@ import pytest
 import sqlalchemy as sa
 from flask.testing import FlaskClient
 
-from tests.conftest import make_settings
-from tests.test_runner import Harness
-from tests.test_runner import wait_status
+from tests.helpers import make_settings
+from tests.helpers import submit_job
+from tests.runner_harness import Harness
+from tests.runner_harness import wait_status
 from thinkbatch.sampling import resolve_sampling
 from thinkbatch.thinking import ThinkingSplit
 
@@ -167,20 +168,11 @@ def test_the_fake_engine_honours_the_budget(harness: Harness) -> None:
 
 
 def _submit(harness: Harness, body: dict[str, Any]) -> Any:
-    from sqlalchemy import orm
-
-    from tests.conftest import TENANT
-    from thinkbatch import jobs as service
-    from thinkbatch.keys import Caller
-    from thinkbatch.schemas import JobCreate
-
-    with orm.Session(harness.db) as session, session.begin():
-        spec = JobCreate.model_validate(body)
-        return service.create_job(session, Caller(TENANT, None), spec, harness.settings).id
+    return submit_job(harness.db, harness.settings, body)
 
 
 def _results(harness: Harness, job_id: Any) -> dict[str, dict[str, Any]]:
-    from tests.conftest import TENANT
+    from tests.helpers import TENANT
     from thinkbatch import jobs as service
     from thinkbatch.keys import Caller
 

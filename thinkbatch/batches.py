@@ -149,7 +149,7 @@ def create_batch(
         raise InvalidRequest(
             "input_file_id: must be a file uploaded with purpose 'batch'", param="input_file_id"
         )
-    job = jobs._new_job(session, caller, settings)
+    job = jobs._new_job(session, caller, settings)  # noqa: SLF001 - a batch is a job; same building blocks
     job.endpoint = spec.endpoint
     job.input_file_id = upload.id
     job.completion_window_text = spec.completion_window
@@ -160,7 +160,7 @@ def create_batch(
     session.flush()
     savepoint = session.begin_nested()
     checked = _Validation(errors=[])
-    jobs._copy(session, _rows(engine, job, upload.id, spec.endpoint, checked, settings))
+    jobs._copy(session, _rows(engine, job, upload.id, spec.endpoint, checked, settings))  # noqa: SLF001 - a batch is a job; same building blocks
     if checked.lines == 0 and not checked.errors:
         checked.errors.append(
             {"code": "empty_file", "line": None, "message": "the input file has no requests",
@@ -179,7 +179,7 @@ def create_batch(
         return job, True
     savepoint.commit()
     header = JobHeader(metadata=job.meta, completion_window=seconds)
-    jobs._apply_header(session, job, header, settings)
+    jobs._apply_header(session, job, header, settings)  # noqa: SLF001 - a batch is a job; same building blocks
     return job, True
 
 
@@ -201,7 +201,7 @@ def _rows(
     """COPY rows of the file's valid lines; errors collected in `checked`. Once a line failed,
     nothing more is written (it will all be rolled back); validation goes on, to report up to
     MAX_BATCH_ERRORS lines at once."""
-    items = jobs._Items(job.id, settings)
+    items = jobs._Items(job.id, settings)  # noqa: SLF001 - a batch is a job; same building blocks
     for number, raw in enumerate(files.iter_lines(engine, file_key), start=1):
         if not raw.strip():
             continue
@@ -313,7 +313,9 @@ def batch_out(session: orm.Session, engine: sa.Engine, job: Job) -> dict[str, An
             _finish_files(session, engine, job)
     status = job.status.value if isinstance(job.status, JobStatus) else str(job.status)
     shown = "in_progress" if status in ("queued", "running") else status
-    ended = {s: None for s in ("completed", "failed", "cancelled", "expired")}
+    ended: dict[str, int | None] = {
+        s: None for s in ("completed", "failed", "cancelled", "expired")
+    }
     if status in ended:
         ended[status] = _unix(job.finished_at)
     refused = job.batch_errors is not None

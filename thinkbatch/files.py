@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from datetime import UTC
 from datetime import datetime
 from datetime import timedelta
+from typing import IO
 from typing import Any
-from typing import BinaryIO
 
 import sqlalchemy as sa
 from sqlalchemy import orm
@@ -117,7 +117,7 @@ def check_filename(name: str | None) -> str:
 def store_upload(
     session: orm.Session,
     caller: Caller,
-    stream: BinaryIO,
+    stream: IO[bytes],
     *,
     filename: str,
     purpose: str,
@@ -155,7 +155,7 @@ def store_upload(
     return record
 
 
-def _read_full(stream: BinaryIO, size: int) -> bytes:
+def _read_full(stream: IO[bytes], size: int) -> bytes:
     """Up to `size` bytes: a stream's read may return less before its end."""
     parts: list[bytes] = []
     want = size

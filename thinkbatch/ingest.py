@@ -25,8 +25,8 @@ from __future__ import annotations
 import codecs
 import re
 from collections.abc import Iterator
+from typing import IO
 from typing import Any
-from typing import BinaryIO
 
 import ijson
 from pydantic import ValidationError
@@ -64,7 +64,7 @@ class _Guard:
     ijson probes its input with read(0); werkzeug's request stream takes a zero-byte read for a
     client that went away. Answer that probe here."""
 
-    def __init__(self, stream: BinaryIO):
+    def __init__(self, stream: IO[bytes]):
         self.stream = stream
         self.decoder = codecs.getincrementaldecoder("utf-8")("strict")
         self.offset = 0  # bytes read from the stream
@@ -216,7 +216,7 @@ def _check_text(value: str, stack: list[_Frame], what: str = "") -> None:
         )
 
 
-def read_body(stream: BinaryIO, *, max_depth: int) -> Iterator[tuple[str, Any]]:
+def read_body(stream: IO[bytes], *, max_depth: int) -> Iterator[tuple[str, Any]]:
     """Yield ("items", None) where the `items` array starts, ("item", value) for each of its
     elements and ("field", (key, value)) for every other top-level key, in body order.
 
@@ -239,11 +239,11 @@ def read_body(stream: BinaryIO, *, max_depth: int) -> Iterator[tuple[str, Any]]:
                 continue
             if event == "start_map" or event == "start_array":
                 if len(stack) >= max_depth:
-                    path = _path(stack) or None
+                    where = _path(stack) or None
                     raise BodyError(
-                        f"{path or 'request body'}: nested deeper than {max_depth} levels "
+                        f"{where or 'request body'}: nested deeper than {max_depth} levels "
                         "of objects and arrays",
-                        path,
+                        where,
                         "too_deep",
                     )
                 if not stack:

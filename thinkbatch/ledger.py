@@ -140,7 +140,7 @@ _CLAIM = sa.text(
         ORDER BY seq LIMIT :n
         FOR UPDATE SKIP LOCKED
     )
-    """
+    """  # noqa: S608 - two constants joined at import
     + _LEASE_PICKED
 )
 
@@ -164,7 +164,7 @@ _CLAIM_SUSPECTS = sa.text(
         LIMIT (SELECT greatest(1, ceil(n / 2.0))::int FROM tier)
         FOR UPDATE SKIP LOCKED
     )
-    """
+    """  # noqa: S608 - two constants joined at import
     + _LEASE_PICKED
 )
 

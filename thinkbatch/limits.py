@@ -55,7 +55,9 @@ class Limit:
         if self.high is not None:
             bounds["le" if self.high.inclusive else "lt"] = self.high.value
         extra = {"allow_inf_nan": False} if self.kind is float else {}
-        return Field(None, description=self.description, **bounds, **extra)
+        # pydantic's Field overloads cannot see through **kwargs; the keys are its own.
+        kwargs: dict[str, Any] = {**bounds, **extra}
+        return Field(None, description=self.description, **kwargs)
 
     def range_text(self) -> str:
         """`a number >= 0 and <= 2`, `an integer >= 1 and <= 9223372036854775807`."""

@@ -61,12 +61,6 @@ TERMINAL_JOB_STATUSES = (
     JobStatus.cancelled,
     JobStatus.expired,
 )
-TERMINAL_ITEM_STATUSES = (
-    ItemStatus.succeeded,
-    ItemStatus.failed,
-    ItemStatus.cancelled,
-    ItemStatus.expired,
-)
 
 
 # The tenant of jobs made with authentication off (and of every job made before tenants).
@@ -198,8 +192,6 @@ class Item(Base):
     finished_at: orm.Mapped[datetime | None]
     error_code: orm.Mapped[str | None] = orm.mapped_column(sa.String(64))
     error_message: orm.Mapped[str | None] = orm.mapped_column(sa.Text)
-
-    result: orm.Mapped[ItemResult | None] = orm.relationship(lazy="raise", viewonly=True)
 
     __table_args__ = (
         sa.UniqueConstraint("job_id", "seq"),

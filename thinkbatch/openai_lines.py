@@ -117,7 +117,9 @@ def _param(loc: tuple[int | str, ...], prefix: str) -> str:
     return out
 
 
-def _from_validation(error: ValidationError, prefix: str, rename: dict[str, str] | None = None):
+def _from_validation(
+    error: ValidationError, prefix: str, rename: dict[str, str] | None = None
+) -> LineError:
     first = error.errors(include_url=False)[0]
     loc = tuple(first["loc"])
     # A union (content: str | parts) reports each branch; name the field, not the branch.

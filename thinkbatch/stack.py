@@ -42,7 +42,7 @@ CPU_ENGINE_DEFAULTS = {
 
 def has_gpu() -> bool:
     smi = shutil.which("nvidia-smi")
-    return bool(smi) and subprocess.run([smi], capture_output=True).returncode == 0
+    return smi is not None and subprocess.run([smi], capture_output=True).returncode == 0
 
 
 def engine_env(cpu_overrides: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -36,9 +36,7 @@ _THOUGHT = _R.reasoning_tokens > 0
 
 def _percentile(fraction: float) -> sa.ColumnElement[int]:
     # percentile_disc: a length some item really had, an integer like the counts it summarises.
-    return (
-        sa.func.percentile_disc(fraction).within_group(_R.reasoning_tokens).filter(_THOUGHT)  # type: ignore[no-any-return]
-    )
+    return sa.func.percentile_disc(fraction).within_group(_R.reasoning_tokens).filter(_THOUGHT)
 
 
 _QUERY = sa.select(

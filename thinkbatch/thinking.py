@@ -12,7 +12,8 @@ Qwen3 writes `<think>…</think>` and then the answer. The cases this module han
 * closed by the thinking budget: the engine forced `</think>` after `thinking_budget` tokens
   and the model answered; `thinking_truncated(...)` says so from the token count.
 
-The engine adapter and every test use these two functions; nothing else parses thinking.
+The engine adapters, the runner and the tests use this module's functions (split, count,
+truncated, and whether a prompt opens the block); nothing else parses thinking.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def count_reasoning_tokens(
     """Output tokens that belong to the thinking block, tags included, from the engine's ids."""
     if end_id is not None:
         try:
-            return output_ids.index(end_id) + 1  # type: ignore[attr-defined]
+            return output_ids.index(end_id) + 1
         except ValueError:
             pass
     if opened_in_prompt or (start_id is not None and output_ids and output_ids[0] == start_id):

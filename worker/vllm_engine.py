@@ -144,16 +144,16 @@ class _EngineStats(StatLoggerBase):
     ) -> None:
         if scheduler_stats is None:
             return
-        self.engine._load = SchedulerLoad(  # one reference swap: readers need no lock
+        self.engine._load = SchedulerLoad(  # noqa: SLF001 - the engine's own stats hook, same module; one reference swap: readers need no lock
             waiting=scheduler_stats.num_waiting_reqs,
             running=scheduler_stats.num_running_reqs,
             kv_cache_usage=scheduler_stats.kv_cache_usage,
         )
         spec = getattr(scheduler_stats, "spec_decoding_stats", None)
-        stats = self.engine._spec
+        stats = self.engine._spec  # noqa: SLF001 - the engine's own stats hook, same module
         if spec is None or stats is None:
             return
-        with self.engine._spec_lock:
+        with self.engine._spec_lock:  # noqa: SLF001 - the engine's own stats hook, same module
             stats.add(
                 spec.num_drafts,
                 spec.num_draft_tokens,

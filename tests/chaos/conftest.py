@@ -4,12 +4,12 @@ real API, and a report line per scenario printed at the end of the run."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
+from tests.chaos.helpers import REPORTS
+from tests.chaos.helpers import Chaos
 from tests.stacks import FAST_RECOVERY_ENV
 from tests.stacks import Client
 from tests.stacks import api_key
@@ -18,39 +18,6 @@ from tests.stacks import make_stack
 from thinkbatch.db import migrate
 from thinkbatch.local_services import LocalPostgres
 from thinkbatch.local_services import LocalRedis
-from thinkbatch.stack import Stack
-
-
-@dataclass
-class ScenarioReport:
-    name: str
-    items: int
-    faults: int
-    lost: int
-    duplicated: int
-    recover_s: float  # from the end of the last fault to the next finished item
-    finish_s: float  # from the end of the last fault to the job's end
-    note: str = ""
-
-
-REPORTS: list[ScenarioReport] = []
-
-
-@dataclass
-class Chaos:
-    pg: LocalPostgres
-    redis: LocalRedis
-    database_url: str
-    db: sa.Engine
-    stack: Stack
-    client: Client
-    log_dir: Path
-
-    def worker_stack(self, name: str, **env: str) -> Stack:
-        """A stack for this scenario's workers (stopped by the scenario)."""
-        return make_stack(
-            self.log_dir / name, self.database_url, self.redis.url(0), **FAST_RECOVERY_ENV, **env
-        )
 
 
 @pytest.fixture(scope="session")

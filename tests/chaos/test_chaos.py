@@ -18,9 +18,9 @@ import psutil
 import pytest
 import sqlalchemy as sa
 
-from tests.chaos.conftest import REPORTS
-from tests.chaos.conftest import Chaos
-from tests.chaos.conftest import ScenarioReport
+from tests.chaos.helpers import REPORTS
+from tests.chaos.helpers import Chaos
+from tests.chaos.helpers import ScenarioReport
 from tests.helpers import check_invariants
 from tests.stacks import VLLM_ENV
 from thinkbatch.queue import RUN_JOB

@@ -97,7 +97,7 @@ class Claimer:
             self.inflight.wake.clear()
             try:
                 self.claim_round()
-            except Exception:  # noqa: BLE001 - keep claiming; the error is logged
+            except Exception:  # keep claiming; the error is logged
                 log.exception("claim round failed")
                 time.sleep(1)
 
@@ -194,7 +194,7 @@ class Claimer:
         job, a cancel of that job, and the task thread waiting for the job to settle."""
         try:
             flights, outcomes = self.build(handle, claimed, suspects)
-        except Exception as error:  # noqa: BLE001 - a defect here is not the items' fault
+        except Exception as error:  # a defect here is not the items' fault
             log.exception("could not prepare %d item(s); they are retried", len(claimed))
             flights = []
             outcomes = [

@@ -164,7 +164,7 @@ class Runner:
         try:
             future = self.engine_loop.call(self.engine.shutdown())
             future.result(max(1.0, deadline - time.monotonic()))
-        except Exception:  # noqa: BLE001 - the process exits next; the reaper cleans up
+        except Exception:  # the process exits next; the reaper cleans up
             log.exception("engine shutdown failed")
         self.engine_loop.stop()
         try:
@@ -343,7 +343,7 @@ class Runner:
                     message="the inference engine died while this item was in flight",
                 )
                 ledger.mark_stopped(conn, self.owner)
-        except Exception:  # noqa: BLE001 - the sweeper releases them once our heartbeat stops
+        except Exception:  # the sweeper releases them once our heartbeat stops
             log.exception("could not release items after the engine died")
         logging.shutdown()
         os._exit(EXIT_ENGINE_DEAD)

@@ -216,7 +216,7 @@ class Writer:
             metrics.stored(
                 writes.done, writes.failed, stored.get("done", set()), stored.get("failed", {})
             )
-        except Exception:  # noqa: BLE001 - the leases lapse and the sweeper retries the items
+        except Exception:  # the leases lapse and the sweeper retries the items
             log.exception("could not store %d result(s)", len(batch))
         touched: set[JobHandle] = set()
         with self.inflight.lock:
