@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import sqlalchemy as sa
 from flask import Blueprint
@@ -25,6 +26,7 @@ from flask import redirect
 from flask import render_template
 from flask import request
 from flask import url_for
+from werkzeug.exceptions import Forbidden
 
 # flask's redirect() is typed as werkzeug's Response, of which flask's is a subclass.
 from werkzeug.wrappers import Response as BaseResponse
@@ -171,9 +173,22 @@ def login_form() -> Response:
     return _page("dashboard/login.html", error=None)
 
 
+def _same_origin() -> None:
+    """The forms post only from this site's own pages. A browser names the page a POST comes
+    from (Origin, else Referer): another site's page must not sign a visitor in to the
+    attacker's tenant, or out (login CSRF); SameSite cookies do not stop a cross-site response
+    from setting one."""
+    source = request.headers.get("Origin") or request.headers.get("Referer")
+    if source is None:
+        return  # not a browser's cross-site form: those always say where they come from
+    if urlsplit(source).netloc != request.host:
+        raise Forbidden("this form posts only from this site's own pages")
+
+
 @bp.post("/login")
 @public
 def login() -> BaseResponse:
+    _same_origin()
     svc = services()
     key = (request.form.get("key") or "").strip()
     limiter = svc_limiter()
@@ -202,6 +217,7 @@ def login() -> BaseResponse:
 @bp.post("/logout")
 @public
 def logout() -> BaseResponse:
+    _same_origin()
     response = redirect(url_for("dashboard.login_form"), 303)
     response.delete_cookie(KEY_COOKIE, path="/", httponly=True, samesite="Strict")
     return response

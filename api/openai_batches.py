@@ -84,11 +84,34 @@ def _body() -> service.BatchCreate:
         ) from None
     if not isinstance(data, dict):
         raise InvalidRequest("body: must be a JSON object", code="invalid_json")
+    _storable(data, "")
     try:
         return service.BatchCreate.model_validate(data)
     except ValidationError as error:
         bad = validation_error(error)
         raise InvalidRequest(bad.message, param=bad.param, code=bad.code) from None
+
+
+def _storable(value: object, path: str) -> None:
+    """Every string of the body, keys included, as PostgreSQL text and jsonb can hold it: no
+    NUL, and no lone UTF-16 surrogate (json.loads turns a `\\ud800` escape into one)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            _storable(key, path or "body")
+            _storable(item, where)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _storable(item, f"{path}[{index}]")
+    elif isinstance(value, str):
+        if "\x00" in value:
+            raise InvalidRequest(f"{path}: must not contain NUL (\\u0000)", param=path)
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidRequest(
+                f"{path}: holds a lone UTF-16 surrogate, not a character", param=path
+            ) from None
 
 
 def _idempotency_key() -> str | None:

@@ -109,3 +109,16 @@ def test_log_lines_are_json_with_the_bound_ids(settings: Settings) -> None:
     line = json.loads(stream.getvalue().splitlines()[-1])
     assert line["message"] == "stored 3" and line["level"] == "WARNING"
     assert line["job_id"] == "j-1" and line["item_id"] == "7" and line["component"] == "worker"
+
+
+def test_the_forms_post_only_from_this_sites_pages(app: Flask, db: sa.Engine) -> None:
+    """Login CSRF: another site's page must not sign a visitor in to the attacker's tenant."""
+    key = make_key(db, TENANT)
+    browser = app.test_client()
+    for header in ({"Origin": "https://evil.example"}, {"Referer": "https://evil.example/x"}):
+        refused = browser.post("/login", data={"key": key}, headers=header)
+        assert refused.status_code == 403, header
+        assert "Set-Cookie" not in refused.headers
+        assert browser.post("/logout", headers=header).status_code == 403
+    same = browser.post("/login", data={"key": key}, headers={"Origin": "http://localhost"})
+    assert same.status_code == 303 and "Set-Cookie" in same.headers

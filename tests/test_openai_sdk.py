@@ -370,11 +370,38 @@ def test_idempotent_create(env: Env) -> None:
     one = env.sdk.batches.create(**kwargs)
     two = env.sdk.batches.create(**kwargs)
     assert one.id == two.id
+    # The same key with any other field changed is refused, never quietly the first batch.
+    for change in ({"completion_window": "1h"}, {"metadata": {"k": "v"}}):
+        with pytest.raises(openai.BadRequestError) as refused:
+            env.sdk.batches.create(**{**kwargs, **change})
+        assert refused.value.code == "idempotency_key_reused", change
     with env.db.connect() as conn:
         count = conn.execute(
             sa.text("SELECT count(*) FROM jobs WHERE idempotency_key = 'create-once-123'")
         )
         assert count.scalar() == 1
+
+
+@pytest.mark.parametrize(
+    ("field", "text"),
+    [
+        ("metadata", '{"k\\u0000": "v"}'),
+        ("metadata", '{"k": "v\\u0000"}'),
+        ("metadata", '{"k": "\\ud800"}'),
+        ("completion_window", '"24h\\u0000"'),
+        ("input_file_id", '"file-\\udfff"'),
+    ],
+)
+def test_batch_create_refuses_what_postgres_cannot_store(env: Env, field: str, text: str) -> None:
+    file_id = upload(env, jsonl([chat_line("a", "x")]))
+    body = {"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h"}
+    body.pop(field, None)  # the field under test is written raw, with its escape
+    raw = json.dumps(body)[:-1] + f', "{field}": {text}}}'
+    response = env.http.post(
+        "/v1/batches", content=raw.encode(), headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"].startswith(field), response.text
 
 
 def test_models_and_job_ids_in_both_forms(env: Env) -> None:

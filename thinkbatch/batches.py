@@ -134,9 +134,21 @@ def create_batch(
             )
         )
         if existing is not None:
-            if (existing.endpoint, existing.input_file_id) != (
+            # The same key means the same request: every field of it, or a 400 (a retried
+            # create must not quietly return a batch that differs from what was asked).
+            expires = spec.output_expires_after.seconds if spec.output_expires_after else None
+            if (
+                existing.endpoint,
+                existing.input_file_id,
+                existing.completion_window_text,
+                existing.meta or {},
+                existing.output_expires_after_s,
+            ) != (
                 spec.endpoint,
                 _input_file(spec.input_file_id),
+                spec.completion_window,
+                dict(spec.metadata or {}),
+                expires,
             ):
                 raise InvalidRequest(
                     "Idempotency-Key: already used for a different batch request",
