@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import uuid
 
+import pytest
 import sqlalchemy as sa
 
 from tests.helpers import check_invariants
@@ -307,3 +308,51 @@ def test_status_sets_in_sql_come_from_the_enums() -> None:
         if path.name != "models.py" and spelled.search(path.read_text())
     ]
     assert offenders == []
+
+
+RELEASES = {
+    "graceful": lambda conn, items: ledger.release(
+        conn, "w1", [(i.id, i.job_id, i.attempt) for i in items]
+    ),
+    "crashed": lambda conn, items: ledger.release_crashed(
+        conn, "w1", max_attempts=3, code="engine_crash", message="x"
+    ),
+    "lapsed": lambda conn, items: (
+        conn.execute(sa.text("UPDATE items SET lease_expires_at = now() - interval '1 second'")),
+        ledger.release_lapsed(conn, "w1"),
+    ),
+}
+
+
+@pytest.mark.parametrize("how", sorted(RELEASES))
+def test_items_released_from_a_cancelling_job_end_cancelled(
+    db: sa.Engine, settings: Settings, how: str
+) -> None:
+    """Every path back to pending: nobody claims for a cancelling job, so a released item
+    would keep it `cancelling` for good. The items end cancelled and the job with them."""
+    job_id = seed_job(db, settings, n=4)
+    register(db, "w1")
+    items = claim(db, job_id, "w1", 3)  # three running, one still pending
+    with db.begin() as conn:
+        assert ledger.cancel_job(conn, job_id) == (True, "cancelling")
+        RELEASES[how](conn, items)
+    counts = check_invariants(db, job_id)
+    assert counts["cancelled"] == 4
+    with db.connect() as conn:
+        status = conn.execute(sa.text("SELECT status FROM jobs WHERE id = :id"), {"id": job_id})
+        assert status.scalar_one() == "cancelled"
+
+
+@pytest.mark.parametrize("how", sorted(RELEASES))
+def test_items_released_from_a_running_job_are_pending_again(
+    db: sa.Engine, settings: Settings, how: str
+) -> None:
+    job_id = seed_job(db, settings, n=3)
+    register(db, "w1")
+    items = claim(db, job_id, "w1", 3)
+    with db.begin() as conn:
+        RELEASES[how](conn, items)
+    with db.connect() as conn:
+        rows = conn.execute(sa.text("SELECT status FROM items WHERE job_id = :id"), {"id": job_id})
+        assert set(rows.scalars()) == {"pending"}
+    check_invariants(db, job_id, finished=False)

@@ -351,6 +351,28 @@ def end_items(
     return result.rowcount
 
 
+# Every way an item goes back to pending (a release at shutdown, after a crash, or when its lease
+# lapsed) can meet a job that was cancelled meanwhile. Nobody claims for a cancelling job, so those
+# items would stay pending and the job `cancelling` for good: they end as cancel_job ends pending
+# items, and the job is finalized.
+_END_UNCLAIMABLE = sa.text(
+    """
+    UPDATE items AS i SET status = 'cancelled', finished_at = now(), error_code = 'cancelled',
+        error_message = 'the job was cancelled'
+    FROM jobs AS j
+    WHERE j.id = i.job_id AND j.id = ANY(:ids) AND j.status = 'cancelling'
+      AND i.status = 'pending'
+    """
+)
+
+
+def _end_unclaimable(conn: sa.Connection, job_ids: Iterable[uuid.UUID]) -> None:
+    ids = sorted(set(job_ids))
+    if ids:
+        conn.execute(_END_UNCLAIMABLE, {"ids": ids})
+        finalize_jobs(conn, ids)
+
+
 def release(conn: sa.Connection, owner: str, items: Sequence[tuple[int, uuid.UUID, int]]) -> int:
     """Hand items back untouched (graceful shutdown): pending again, the attempt refunded."""
     if not items:
@@ -373,6 +395,7 @@ def release(conn: sa.Connection, owner: str, items: Sequence[tuple[int, uuid.UUI
             "attempts": [a for _, _, a in items],
         },
     )
+    _end_unclaimable(conn, (job_id for _, job_id, _ in items))
     return result.rowcount
 
 
@@ -427,6 +450,7 @@ def release_crashed(
             "message": message,
         },
     )
+    _end_unclaimable(conn, job_ids)
     return result.rowcount
 
 
@@ -495,6 +519,7 @@ def release_lapsed(conn: sa.Connection, owner: str) -> int:
         ),
         {"o": owner},
     )
+    _end_unclaimable(conn, job_ids)
     return result.rowcount
 
 
