@@ -47,12 +47,14 @@ def create_app(settings: Settings | None = None) -> Flask:
     from api import openai_batches
     from api import openai_files
     from api import openapi
+    from api import params
 
     errors.init_app(app)
     # Before auth: a refused request is timed, counted and logged like any other.
     metrics.init_app(app)
     access_log.init_app(app)
     auth.init_app(app)
+    params.init_app(app)  # after auth: a stranger learns nothing of a route
     app.register_blueprint(health.bp)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(openapi.bp)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import uuid
 
+from flask import Flask
 from flask import request
 
 from thinkbatch.jobs import InvalidRequest
@@ -79,3 +80,25 @@ def include_thinking() -> bool:
             "include_thinking: must be true or false (lower case)", param="include_thinking"
         )
     return raw == "true"
+
+
+def init_app(app: Flask) -> None:
+    """Refuse query parameters a route does not take. A misspelt or unsupported one (`limit` on
+    a route that streams everything, `offset` for `after`) would otherwise be ignored, and the
+    caller would get something other than what they asked for, with a 200."""
+
+    @app.before_request
+    def refuse_unknown() -> None:
+        view = app.view_functions.get(request.endpoint or "")
+        doc = getattr(view, "__openapi__", None)
+        if doc is None or not request.args:  # undocumented pages (dashboard, docs) take none
+            return
+        taken = {q.name for q in doc.query}
+        for name in request.args:
+            if name not in taken:
+                offered = ", ".join(sorted(taken)) or "none"
+                raise InvalidRequest(
+                    f"{name[:64]}: unknown query parameter (this route takes: {offered})",
+                    param=name[:64],
+                    code="unknown_parameter",
+                )

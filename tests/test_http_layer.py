@@ -154,6 +154,44 @@ def test_a_parameter_given_twice_is_400(client: FlaskClient, db: sa.Engine, name
     assert_envelope(response, 400, name)
 
 
+# Routes that take no `limit`, `after` or `offset`, and lists that take no `offset` (a common
+# guess for `after`): each is refused by name, never ignored with a 200.
+@pytest.mark.parametrize(
+    ("path", "name"),
+    [
+        ("/v1/jobs/{job}/results", "limit"),
+        ("/v1/jobs/{job}/results", "after"),
+        ("/v1/jobs/{job}", "include_thinking"),
+        ("/v1/jobs", "offset"),
+        ("/v1/jobs", "status"),
+        ("/v1/jobs/{job}/items", "page"),
+        ("/v1/files", "offset"),
+        ("/v1/batches", "order"),
+        ("/healthz", "verbose"),
+    ],
+)
+def test_a_query_parameter_the_route_does_not_take_is_400(
+    client: FlaskClient, db: sa.Engine, path: str, name: str
+) -> None:
+    job_id = client.post("/v1/jobs", json=GOOD).json["id"]
+    url = path.format(job=job_id)
+    assert client.get(url).status_code == 200
+    error = assert_envelope(client.get(url, query_string={name: "5"}), 400, name)
+    assert error["code"] == "unknown_parameter"
+    assert "unknown query parameter" in error["message"]
+
+
+def test_an_unknown_parameter_from_a_stranger_is_still_401(anonymous: FlaskClient) -> None:
+    assert anonymous.get("/v1/jobs?offset=5").status_code == 401
+
+
+def test_a_long_unknown_parameter_name_is_cut_in_the_error(
+    client: FlaskClient, db: sa.Engine
+) -> None:
+    error = assert_envelope(client.get("/v1/jobs", query_string={"x" * 5000: "1"}), 400, "x" * 64)
+    assert len(error["message"]) < 300
+
+
 # --- routing errors ---------------------------------------------------------------------------
 
 
