@@ -121,7 +121,10 @@ def init_app(app: Flask) -> None:
 
     @app.errorhandler(NotFound)
     def not_found(error: NotFound) -> tuple[Response, int]:
-        return error_response(404, "not_found", "job_not_found", f"no job {error.args[0]!r}")
+        # The id is echoed so a typo shows, but cut: a path can be kilobytes long.
+        raw = str(error.args[0])
+        shown = raw if len(raw) <= 64 else raw[:64] + "..."
+        return error_response(404, "not_found", "job_not_found", f"no job {shown!r}")
 
     @app.errorhandler(Conflict)
     def conflict(error: Conflict) -> tuple[Response, int]:

@@ -192,6 +192,12 @@ def test_a_long_unknown_parameter_name_is_cut_in_the_error(
     assert len(error["message"]) < 300
 
 
+def test_a_404_echoes_at_most_64_characters_of_the_id(client: FlaskClient, db: sa.Engine) -> None:
+    response = client.get("/v1/jobs/" + "z" * 3000)
+    error = assert_envelope(response, 404, None)
+    assert error["message"] == f"no job {'z' * 64 + '...'!r}"
+
+
 # --- routing errors ---------------------------------------------------------------------------
 
 
