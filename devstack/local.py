@@ -135,7 +135,9 @@ def _in_main_thread() -> bool:
 def _catch_stop_signals() -> dict[int, Any]:
     if not _in_main_thread():
         return {}
-    previous = {sig: signal.getsignal(sig) for sig in (*STOP_SIGNALS, signal.SIGINT)}
+    previous: dict[int, Any] = {
+        sig: signal.getsignal(sig) for sig in (*STOP_SIGNALS, signal.SIGINT)
+    }
     for sig in STOP_SIGNALS:
         signal.signal(sig, _stop_on_signal)
     return previous
