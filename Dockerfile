@@ -10,8 +10,6 @@ COPY pyproject.toml README.md ./
 COPY thinkbatch ./thinkbatch
 COPY api ./api
 COPY worker ./worker
-COPY demo ./demo
-COPY bench ./bench
 COPY migrations ./migrations
 # Flower's Tasks page columns: the job id (args) and its progress (result).
 COPY flowerconfig.py ./
@@ -48,8 +46,6 @@ COPY pyproject.toml README.md ./
 COPY thinkbatch ./thinkbatch
 COPY api ./api
 COPY worker ./worker
-COPY demo ./demo
-COPY bench ./bench
 COPY migrations ./migrations
 COPY scripts ./scripts
 # The `gpu` extra pins vllm==0.32.0 (and through it torch 2.13.0 for CUDA 13.0).

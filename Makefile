@@ -29,7 +29,7 @@ gpu-check:           ## on a GPU host: driver, compilers, the real stack, thinki
 	@$(MAKE) --no-print-directory install
 	$(PY) scripts/gpu_check.py $(ARGS)
 
-lint: install        ## ruff (rules and format) and mypy --strict on thinkbatch/ and api/
+lint: install        ## ruff (rules and format) and mypy --strict on thinkbatch/, api/ and devstack/
 	$(PY) -m ruff check . && $(PY) -m ruff format --check . && $(PY) -m mypy
 
 clean:

@@ -20,12 +20,8 @@ import httpx
 import psutil
 import sqlalchemy as sa
 
-from thinkbatch.db import migrate
+from devstack import local_stack
 from thinkbatch.keys import issue_key
-from thinkbatch.local_services import LocalPostgres
-from thinkbatch.local_services import LocalRedis
-from thinkbatch.settings import Settings
-from thinkbatch.stack import Stack
 
 
 def body(n: int) -> dict[str, Any]:
@@ -112,20 +108,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--items", type=int, default=100_000)
     args = parser.parse_args()
-    settings = Settings()
     tmp = Path(tempfile.mkdtemp(prefix="thinkbatch-scale-"))
-    services: list[Any] = []
-    env: dict[str, str] = {"MAX_ITEMS_PER_JOB": str(max(args.items, 100_000))}
-    if not settings.database_url or not settings.redis_url:
-        pg = LocalPostgres(tmp / "pg").start()
-        redis_server = LocalRedis(tmp / "redis").start()
-        services += [pg, redis_server]
-        env["DATABASE_URL"] = pg.create_database("scale")
-        env["REDIS_URL"] = redis_server.url(0)
-    database_url = env.get("DATABASE_URL") or settings.require_database_url()
-    migrate(database_url)
-    stack = Stack(env, tmp / "logs")
-    try:
+    env = {"THINKBATCH_MAX_ITEMS_PER_JOB": str(max(args.items, 100_000))}
+    with local_stack(tmp, env=env, database="scale", engine=False, demo_model=False) as local:
+        stack, database_url = local.stack, local.database_url
         api = stack.start_api(workers=2)
         key = issue_key(database_url, "bench", "make bench-scale")
         client = httpx.Client(
@@ -168,10 +154,6 @@ def main() -> int:
                 lines += 1
                 size += len(line) + 1
         stream_s = time.perf_counter() - started
-    finally:
-        stack.stop_all()
-        for service in reversed(services):
-            service.stop()
     print(f"scale: one job of {args.items} items ({len(payload) / 1e6:.1f} MB request)")
     print(f"submit: {submit_s:.2f} s ({args.items / submit_s:,.0f} items/s accepted)")
     print(

@@ -28,13 +28,19 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from thinkbatch.settings import DEMO_MODEL
+from devstack.demo_model import build_demo_model
+from devstack.demo_model import demo_model_env
+from devstack.demo_model import wants_demo_model
+from devstack.stack import ROOT
+from devstack.stack import child_settings
+from devstack.stack import engine_env
 from thinkbatch.settings import Settings
-from thinkbatch.stack import ROOT
-from thinkbatch.stack import demo_model_env
-from thinkbatch.stack import engine_env
 
-CPU_SPEC = {"MAX_NUM_SEQS": "64", "CPU_KVCACHE_SPACE_GIB": "2", "MAX_MODEL_LEN": "1024"}
+CPU_SPEC = {
+    "THINKBATCH_MAX_NUM_SEQS": "64",
+    "THINKBATCH_CPU_KVCACHE_SPACE_GIB": "2",
+    "THINKBATCH_MAX_MODEL_LEN": "1024",
+}
 MARK = "SPEC-ARM "
 QUESTIONS = [
     "What is continuous batching in vLLM?",
@@ -155,14 +161,14 @@ def main(argv: list[str] | None = None) -> int:
         run_arm(args)
         return 0
 
-    env = {**engine_env(CPU_SPEC), **demo_model_env(Settings())}
-    settings = Settings(**{k.lower(): v for k, v in env.items()})  # type: ignore[arg-type]
+    env = engine_env(CPU_SPEC)
+    if wants_demo_model(child_settings(env)):
+        env.update(demo_model_env(build_demo_model()))
+    settings = child_settings(env)
     child_env = {**os.environ, **env}
-    if settings.model == DEMO_MODEL:
-        subprocess.run([sys.executable, "-m", "demo.model"], env=child_env, check=True)
     prompts = Path(tempfile.mkdtemp(prefix="thinkbatch-spec-")) / "prompts.json"
     print(f"speculative decoding benchmark: ngram prompt lookup, k={args.k}; model "
-          f"{settings.model}; {args.items} conversations whose answer quotes the prompt; "
+          f"{settings.model_name}; {args.items} conversations whose answer quotes the prompt; "
           f"greedy, max_tokens {args.max_tokens}; best of {args.rounds}", flush=True)  # fmt: skip
     off = spawn_arm("off", args, child_env, prompts)
     on = spawn_arm("ngram", args, child_env, prompts)

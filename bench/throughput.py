@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from datetime import UTC
 from datetime import datetime
 from pathlib import Path
@@ -31,18 +32,20 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 
+from devstack import local_stack
+from devstack.stack import ROOT
+from devstack.stack import Stack
+from devstack.stack import has_gpu
+from devstack.stack import readiness_wait
 from thinkbatch.keys import issue_key
-from thinkbatch.settings import DEMO_MODEL
 from thinkbatch.settings import Settings
-from thinkbatch.stack import ROOT
-from thinkbatch.stack import Stack
-from thinkbatch.stack import demo_model_env
-from thinkbatch.stack import engine_env
-from thinkbatch.stack import has_gpu
-from thinkbatch.stack import readiness_wait
 
 # On this CPU: a full vLLM batch (256 sequences) and room for it in the KV cache.
-CPU_BENCH = {"MAX_NUM_SEQS": "256", "CPU_KVCACHE_SPACE_GIB": "2", "MAX_MODEL_LEN": "512"}
+CPU_BENCH = {
+    "THINKBATCH_MAX_NUM_SEQS": "256",
+    "THINKBATCH_CPU_KVCACHE_SPACE_GIB": "2",
+    "THINKBATCH_MAX_MODEL_LEN": "512",
+}
 
 
 def prompts(n: int, round_no: int = 0) -> list[dict[str, Any]]:
@@ -209,7 +212,9 @@ def start_system(
         )  # fmt: skip
         time.sleep(1)
     key = issue_key(
-        stack.env.get("DATABASE_URL") or Settings().require_database_url(), "bench", "make bench"
+        stack.env.get("THINKBATCH_DATABASE_URL") or Settings().require_database_url(),
+        "bench",
+        "make bench",
     )
     client = httpx.Client(
         base_url=f"http://127.0.0.1:{api.port}",
@@ -336,28 +341,14 @@ def main() -> int:
         serve_raw(args.items, args.max_tokens)
         return 0
 
-    env = {**engine_env(CPU_BENCH), **demo_model_env(Settings())}
-    settings = Settings(**{k.lower(): v for k, v in env.items()})  # type: ignore[arg-type]
-    services: list[Any] = []
     tmp = Path(tempfile.mkdtemp(prefix="thinkbatch-bench-"))
-    if not settings.database_url or not settings.redis_url:
-        from thinkbatch.local_services import LocalPostgres
-        from thinkbatch.local_services import LocalRedis
-
-        pg = LocalPostgres(tmp / "pg", fast=False).start()
-        redis_server = LocalRedis(tmp / "redis").start()
-        services += [pg, redis_server]
-        env["DATABASE_URL"] = pg.create_database("bench")
-        env["REDIS_URL"] = redis_server.url(0)
-    database_url = env.get("DATABASE_URL") or settings.require_database_url()
-    child_env = {**os.environ, **env}
-    subprocess.run([sys.executable, "-m", "alembic", "upgrade", "head"], env=child_env,
-                   check=True, cwd=ROOT, stdout=subprocess.DEVNULL)  # fmt: skip
-    if settings.model == DEMO_MODEL:
-        subprocess.run([sys.executable, "-m", "demo.model"], env=child_env, check=True)
+    # Stops the local stack's processes and services on the way out (the `finally` below).
+    teardown = ExitStack()
+    local = teardown.enter_context(local_stack(tmp, database="bench", cpu_overrides=CPU_BENCH))
+    settings, database_url, child_env = local.settings, local.database_url, local.stack.env
 
     print(f"benchmark: {args.items} items x {args.max_tokens} output tokens (ignore_eos), "
-          f"model {settings.model}, {args.rounds} rounds per arm", flush=True)  # fmt: skip
+          f"model {settings.model_name}, {args.rounds} rounds per arm", flush=True)  # fmt: skip
     print("engine: " + ", ".join(
         f"{k}={getattr(settings, k)}" for k in
         ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "enforce_eager",
@@ -369,7 +360,7 @@ def main() -> int:
     # engine loads.
     sequential = args.sequential if args.sequential is not None else has_gpu()
     profile = tmp / "worker.folded" if args.profile else None
-    stack = Stack(env, tmp / "logs")
+    stack = local.stack
     raw_arm: RawArm | None = None
     spy = None
     raw_rounds: list[dict[str, Any]] = []
@@ -404,8 +395,7 @@ def main() -> int:
         # The writer's statement alone is measured with both engines stopped, on a quiet machine.
         capacity = write_capacity(database_url)
     finally:
-        for service in reversed(services):
-            service.stop()
+        teardown.close()
 
     n = args.items
     raw, system = median_round(raw_rounds), median_round(system_rounds)

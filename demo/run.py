@@ -1,20 +1,17 @@
 """`make demo`: a demo batch end to end on one machine, with embedded defaults.
 
-Starts PostgreSQL and Redis (or uses DATABASE_URL / REDIS_URL), migrates, builds the tiny demo
-model when MODEL is the demo model, starts the API, one worker and Flower, submits a batch
-built from the seed articles' prompts, shows its progress, prints every item, and says where
-the API and Flower listen.
+Starts PostgreSQL and Redis (or uses THINKBATCH_DATABASE_URL / THINKBATCH_REDIS_URL), migrates,
+builds the tiny demo model unless THINKBATCH_MODEL names another (all through devstack's
+local_stack), starts the API, one worker and Flower, submits a batch built from the seed
+articles' prompts, shows its progress, prints every item, and says where the API and Flower
+listen.
 """
 
 from __future__ import annotations
 
 import argparse
-import signal
-import subprocess
 import sys
 import time
-from pathlib import Path
-from typing import Any
 
 import httpx
 from rich.console import Console
@@ -28,15 +25,11 @@ from rich.table import Table
 from demo.credentials import demo_api_key
 from demo.credentials import flower_basic_auth
 from demo.prompts import DEMO_ITEMS
-from thinkbatch.local_services import LocalPostgres
-from thinkbatch.local_services import LocalRedis
-from thinkbatch.local_services import free_port
-from thinkbatch.settings import DEMO_MODEL
+from devstack import LocalStack
+from devstack import local_stack
+from devstack.services import free_port
+from devstack.stack import readiness_wait
 from thinkbatch.settings import Settings
-from thinkbatch.stack import Stack
-from thinkbatch.stack import demo_model_env
-from thinkbatch.stack import engine_env
-from thinkbatch.stack import readiness_wait
 
 console = Console()
 
@@ -61,50 +54,6 @@ def shorten(text: str | None, width: int) -> str:
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
-def start_services(settings: Settings, stack_env: dict[str, str], started: list[Any]) -> None:
-    """Start the embedded PostgreSQL and Redis the settings do not point elsewhere. Each is
-    recorded in `started` before it starts, so that a stop signal arriving mid-start still
-    stops it (stopping one that never came up does nothing)."""
-    data = settings.data_dir.absolute()
-    if not settings.database_url:
-        console.print(f"[dim]starting PostgreSQL (embedded) in {data / 'postgres'}[/]")
-        pg = LocalPostgres(data / "postgres")
-        started.append(pg)
-        stack_env["DATABASE_URL"] = pg.start().create_database("thinkbatch")
-    if not settings.redis_url:
-        console.print("[dim]starting Redis (embedded)[/]")
-        redis_server = LocalRedis(data / "redis")
-        started.append(redis_server)
-        stack_env["REDIS_URL"] = redis_server.start().url(0)
-
-
-# Stopped by a service manager or a container runtime (SIGTERM), or by the terminal going away
-# (SIGHUP): tear down as on Ctrl-C. Python's default for these ends the process at once, which
-# skips every `finally` and leaves the services, each in its own session, running.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-
-
-def _stop_on_signal(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
-def _ignore_stop_signals() -> None:
-    # A second signal (an impatient Ctrl-C, systemd repeating SIGTERM) must not cut the
-    # teardown short; each stop is bounded by its own timeout and ends in SIGKILL.
-    for sig in (*STOP_SIGNALS, signal.SIGINT):
-        signal.signal(sig, signal.SIG_IGN)
-
-
-def stop_services(stack: Stack | None, services: list[Any]) -> None:
-    if stack is not None:
-        stack.stop_all()
-    for service in reversed(services):
-        try:
-            service.stop()
-        except Exception as error:  # noqa: BLE001 - stop the others all the same
-            console.print(f"[red]could not stop {type(service).__name__}: {error}[/]")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
@@ -116,32 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     serve = sys.stdin.isatty() if args.serve is None else args.serve
 
-    settings = Settings()
-    env = {**engine_env(), **demo_model_env(settings)}
-    settings = settings.model_copy(update={"model": env.get("MODEL", settings.model)})
-    services: list[Any] = []
-    stack: Stack | None = None
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, _stop_on_signal)
-    try:
-        start_services(settings, env, services)
-        stack = Stack(env, settings.data_dir.absolute() / "logs")
-        return run(stack, settings, serve)
-    finally:
-        _ignore_stop_signals()
-        stop_services(stack, services)
+    data_dir = Settings().data_dir.absolute()
+    with local_stack(data_dir, say=lambda line: console.print(f"[dim]{line}[/]")) as local:
+        return run(local, serve)
 
 
-def run(stack: Stack, settings: Settings, serve: bool) -> int:
-    console.print("[dim]migrating the database[/]")
-    subprocess.run(
-        [sys.executable, "-m", "alembic", "upgrade", "head"], env=stack.env, check=True,
-        cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    if settings.model == DEMO_MODEL:
-        console.print("[dim]building the tiny demo model (once; cached)[/]")
-        subprocess.run([sys.executable, "-m", "demo.model"], env=stack.env, check=True)
-    api_key = demo_api_key(stack.env.get("DATABASE_URL") or settings.require_database_url())
+def run(local: LocalStack, serve: bool) -> int:
+    stack, settings = local.stack, local.settings
+    api_key = demo_api_key(local.database_url)
     flower_auth = flower_basic_auth(settings.data_dir.absolute())
     api = stack.start_api(port=port_or_free(8000))
     flower = stack.start_flower(flower_auth, port=port_or_free(5555))

@@ -3,7 +3,7 @@
 1. reports the NVIDIA driver, the CUDA version it supports and the GPUs;
 2. checks what vLLM compiles with when its engine starts: gcc (Triton's launcher), the Python
    headers, and nvcc (FlashInfer's sampler) — and that the driver can run the pinned CUDA build;
-3. starts the real stack (PostgreSQL, Redis, API, one worker) with MODEL (default
+3. starts the real stack (PostgreSQL, Redis, API, one worker) with THINKBATCH_MODEL (default
    Qwen/Qwen3-0.6B, a small first download);
 4. runs a 64-item job with thinking on and one with thinking off through the API;
 5. times the job system against the raw engine on the same GPU (one after the other) and prints
@@ -176,63 +176,46 @@ def run_stack_checks(model: str, max_tokens: int) -> int:
 
     from bench.throughput import RawArm
     from bench.throughput import system_round
+    from devstack import local_stack
+    from devstack.stack import readiness_wait
     from thinkbatch.keys import issue_key
-    from thinkbatch.local_services import LocalPostgres
-    from thinkbatch.local_services import LocalRedis
-    from thinkbatch.settings import Settings
-    from thinkbatch.stack import Stack
-    from thinkbatch.stack import readiness_wait
 
-    env = {"MODEL": model}
-    settings = Settings(model=model)
     tmp = Path(tempfile.mkdtemp(prefix="thinkbatch-gpu-check-"))
-    services: list[Any] = []
-    if not settings.database_url:
-        pg = LocalPostgres(tmp / "pg").start()
-        services.append(pg)
-        env["DATABASE_URL"] = pg.create_database("gpucheck")
-    if not settings.redis_url:
-        redis_server = LocalRedis(tmp / "redis").start()
-        services.append(redis_server)
-        env["REDIS_URL"] = redis_server.url(0)
-    child_env = {**os.environ, **env}
-    database_url = env.get("DATABASE_URL") or settings.require_database_url()
     failures: list[str] = []
-    stack = Stack(env, tmp / "logs")
-    try:
-        subprocess.run([sys.executable, "-m", "alembic", "upgrade", "head"], env=child_env,
-                       check=True, cwd=ROOT, stdout=subprocess.DEVNULL)  # fmt: skip
-        print(f"starting the stack with MODEL={model} (logs: {stack.log_dir})", flush=True)
-        api = stack.start_api(workers=2)
-        worker = stack.start_worker("worker", wait=False)
-        stack.wait_worker_ready(
-            worker, **readiness_wait(settings), on_status=lambda s: print(f"  worker: {s}")
-        )
-        key = issue_key(database_url, "gpu-check", "make gpu-check")
-        client = httpx.Client(
-            base_url=f"http://127.0.0.1:{api.port}",
-            timeout=300,
-            headers={"Authorization": f"Bearer {key}"},
-        )
-        for enable in (True, False):
-            problem = judge_thinking(thinking_job(client, enable), enable)
-            word = "on" if enable else "off"
-            print(f"{ITEMS}-item job, thinking {word}: {problem or 'ok'}", flush=True)
-            if problem:
-                failures.append(problem)
-        db = sa.create_engine(database_url)
-        system = system_round(client, db, ITEMS, max_tokens, round_no=1)
-        db.dispose()
-    finally:
-        stack.stop_all()  # frees the GPU before the raw engine loads
-    raw_arm = RawArm(child_env, ITEMS, max_tokens)
-    try:
-        raw_arm.wait_ready()
-        raw = raw_arm.round(1)
-    finally:
-        raw_arm.close()
-        for service in reversed(services):
-            service.stop()
+    env = {"THINKBATCH_MODEL": model}
+    with local_stack(tmp, env=env, database="gpucheck", engine=False, demo_model=False) as local:
+        stack, settings, database_url = local.stack, local.settings, local.database_url
+        try:
+            print(f"starting the stack with THINKBATCH_MODEL={model} (logs: {stack.log_dir})",
+                  flush=True)  # fmt: skip
+            api = stack.start_api(workers=2)
+            worker = stack.start_worker("worker", wait=False)
+            stack.wait_worker_ready(
+                worker, **readiness_wait(settings), on_status=lambda s: print(f"  worker: {s}")
+            )
+            key = issue_key(database_url, "gpu-check", "make gpu-check")
+            client = httpx.Client(
+                base_url=f"http://127.0.0.1:{api.port}",
+                timeout=300,
+                headers={"Authorization": f"Bearer {key}"},
+            )
+            for enable in (True, False):
+                problem = judge_thinking(thinking_job(client, enable), enable)
+                word = "on" if enable else "off"
+                print(f"{ITEMS}-item job, thinking {word}: {problem or 'ok'}", flush=True)
+                if problem:
+                    failures.append(problem)
+            db = sa.create_engine(database_url)
+            system = system_round(client, db, ITEMS, max_tokens, round_no=1)
+            db.dispose()
+        finally:
+            stack.stop_all()  # frees the GPU before the raw engine loads
+        raw_arm = RawArm(stack.env, ITEMS, max_tokens)
+        try:
+            raw_arm.wait_ready()
+            raw = raw_arm.round(1)
+        finally:
+            raw_arm.close()
     print(f"{'arm':12} {'items/s':>9} {'out tok/s':>10}   ({ITEMS} items x {max_tokens} tokens)")
     for name, arm in (("raw engine", raw), ("job system", system)):
         secs = arm["seconds"]
@@ -248,7 +231,7 @@ def run_stack_checks(model: str, max_tokens: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--preflight", action="store_true", help="only steps 1-2 (no venv)")
-    parser.add_argument("--model", default=os.environ.get("MODEL", DEFAULT_MODEL))
+    parser.add_argument("--model", default=os.environ.get("THINKBATCH_MODEL", DEFAULT_MODEL))
     parser.add_argument("--max-tokens", type=int, default=256)
     args = parser.parse_args(argv)
     code = preflight()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
+from thinkbatch.settings import ENV_PREFIX
 from thinkbatch.settings import Settings
 
 
@@ -14,7 +15,7 @@ def table() -> str:
     for name, field in Settings.model_fields.items():
         default = field.get_default(call_default_factory=True)
         shown = "(unset)" if default is None else f"`{default}`"
-        rows.append(f"| `{name.upper()}` | {shown} | {field.description or ''} |")
+        rows.append(f"| `{ENV_PREFIX}{name.upper()}` | {shown} | {field.description or ''} |")
     return "\n".join(rows)
 
 
@@ -28,7 +29,7 @@ def env_example() -> str:
             value = json.dumps(value)
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
         prefix = "# " if default is None or extra.get("env_example") == "commented" else ""
-        lines.append(f"{prefix}{name.upper()}={value}")
+        lines.append(f"{prefix}{ENV_PREFIX}{name.upper()}={value}")
     return "\n".join(lines) + "\n"
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import websockets
 
-from thinkbatch.local_services import free_port
+from devstack.services import free_port
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"  # git-ignored
 

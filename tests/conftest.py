@@ -18,6 +18,8 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from api import create_app
+from devstack.services import LocalPostgres
+from devstack.services import LocalRedis
 from tests.helpers import TENANT
 from tests.helpers import Servers
 from tests.helpers import keyed_client
@@ -25,8 +27,6 @@ from tests.helpers import make_key
 from tests.helpers import make_settings
 from tests.helpers import recreate_database
 from thinkbatch.db import migrate
-from thinkbatch.local_services import LocalPostgres
-from thinkbatch.local_services import LocalRedis
 from thinkbatch.settings import Settings
 
 TABLES = "item_results, items, jobs, workers, api_keys"

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import secrets
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -12,41 +10,44 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 
-from tests.helpers import ROOT
+from demo.model import DEFAULT_DIR
+from devstack import demo_model
+from devstack.demo_model import DEMO_MODEL
+from devstack.demo_model import demo_model_env
+from devstack.stack import CPU_ENGINE_DEFAULTS
+from devstack.stack import Stack
 from tests.helpers import TENANT
 from thinkbatch.keys import issue_key
-from thinkbatch.settings import DEMO_MODEL
-from thinkbatch.stack import CPU_ENGINE_DEFAULTS
-from thinkbatch.stack import Stack
 
-# The real engine on this CPU: the tiny demo Qwen3 with the launcher's CPU defaults (eager
-# mode, float32, small KV cache), and a shorter context and batch for quick tests.
+# The real engine on this CPU: the tiny demo Qwen3 (its checkpoint, served as thinkbatch-demo;
+# build_demo_model() builds it) with the launcher's CPU defaults (eager mode, float32, small KV
+# cache), and a shorter context and batch for quick tests.
 VLLM_ENV = {
-    "ENGINE": "vllm",
-    "MODEL": "thinkbatch-demo",
+    "THINKBATCH_ENGINE": "vllm",
+    **demo_model_env(Path(DEFAULT_DIR).resolve()),
     **CPU_ENGINE_DEFAULTS,
-    "MAX_MODEL_LEN": "512",
-    "MAX_NUM_SEQS": "32",
-    "MAX_NUM_BATCHED_TOKENS": "2048",
+    "THINKBATCH_MAX_MODEL_LEN": "512",
+    "THINKBATCH_MAX_NUM_SEQS": "32",
+    "THINKBATCH_MAX_NUM_BATCHED_TOKENS": "2048",
 }
 
 # Short timeouts so recovery happens within a test (they still nest as production's do).
 FAST_RECOVERY_ENV = {
-    "ITEM_DEADLINE_S": "60",
-    "LEASE_S": "90",
-    "VISIBILITY_TIMEOUT_S": "300",
-    "TASK_SLICE_S": "20",
-    "HEARTBEAT_S": "1",
-    "WORKER_DEAD_AFTER_S": "4",
-    "SWEEP_INTERVAL_S": "1",
-    "HINT_STALE_S": "3",
-    "SHUTDOWN_TIMEOUT_S": "20",
-    "WRITE_INTERVAL_S": "0.1",
+    "THINKBATCH_ITEM_DEADLINE_S": "60",
+    "THINKBATCH_LEASE_S": "90",
+    "THINKBATCH_VISIBILITY_TIMEOUT_S": "300",
+    "THINKBATCH_TASK_SLICE_S": "20",
+    "THINKBATCH_HEARTBEAT_S": "1",
+    "THINKBATCH_WORKER_DEAD_AFTER_S": "4",
+    "THINKBATCH_SWEEP_INTERVAL_S": "1",
+    "THINKBATCH_HINT_STALE_S": "3",
+    "THINKBATCH_SHUTDOWN_TIMEOUT_S": "20",
+    "THINKBATCH_WRITE_INTERVAL_S": "0.1",
 }
 
 
 def build_demo_model() -> None:
-    subprocess.run([sys.executable, "-m", "demo.model"], cwd=ROOT, check=True)
+    demo_model.build_demo_model()
 
 
 def redis_db(url: str, db: int) -> str:
@@ -112,14 +113,15 @@ class Client:
 
 def make_stack(log_dir: Path, database_url: str, redis_url: str, **env: str) -> Stack:
     """A stack whose every process (API included: it names the model jobs ask for) serves the
-    demo model, unless `env` says otherwise; MODEL's own default is a production model."""
+    model `thinkbatch-demo`, unless `env` says otherwise (THINKBATCH_ names); the settings' own
+    default is a production model. VLLM_ENV in `env` points a worker at the demo checkpoint."""
     return Stack(
         # No metrics port unless a test asks for one: several workers share this host.
         {
-            "DATABASE_URL": database_url,
-            "REDIS_URL": redis_url,
-            "MODEL": DEMO_MODEL,
-            "WORKER_METRICS_PORT": "0",
+            "THINKBATCH_DATABASE_URL": database_url,
+            "THINKBATCH_REDIS_URL": redis_url,
+            "THINKBATCH_MODEL": DEMO_MODEL,
+            "THINKBATCH_WORKER_METRICS_PORT": "0",
             **env,
         },
         log_dir,

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from thinkbatch.stack import ROOT
+from devstack.stack import ROOT
 
 # Run in a child: pinning the pytest process itself would slow every later test.
 SCRIPT = textwrap.dedent(

@@ -64,7 +64,11 @@ def test_a_stop_signal_stops_everything_the_launcher_started(
     data_dir: Path, tmp_path: Path, sig: signal.Signals
 ) -> None:
     env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
-    env.update(ENGINE="fake", MODEL="test/fake-model", DATA_DIR=str(data_dir))
+    env.update(
+        THINKBATCH_ENGINE="fake",
+        THINKBATCH_MODEL="test/fake-model",
+        THINKBATCH_DATA_DIR=str(data_dir),
+    )
     out = tmp_path / "launcher.out"
     with out.open("wb") as sink:
         launcher = subprocess.Popen(

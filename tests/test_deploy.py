@@ -16,8 +16,9 @@ from types import ModuleType
 
 import pytest
 
+from devstack.demo_model import DEMO_MODEL
+from devstack.stack import settings_env
 from tests.helpers import ROOT
-from thinkbatch.settings import DEMO_MODEL
 from thinkbatch.settings import Settings
 
 BIN = Path(sys.executable).parent
@@ -50,8 +51,8 @@ def test_compose_file_is_valid_under_the_compose_specification() -> None:
 
 def test_compose_gpu_reservation_follows_tensor_parallel_size() -> None:
     text = (ROOT / "docker-compose.yml").read_text()
-    assert 'count: "${TENSOR_PARALLEL_SIZE:-1}"' in text
-    assert "TENSOR_PARALLEL_SIZE: ${TENSOR_PARALLEL_SIZE:-1}" in text
+    assert 'count: "${THINKBATCH_TENSOR_PARALLEL_SIZE:-1}"' in text
+    assert "THINKBATCH_TENSOR_PARALLEL_SIZE: ${THINKBATCH_TENSOR_PARALLEL_SIZE:-1}" in text
 
 
 def test_dockerfile_passes_hadolint() -> None:
@@ -208,19 +209,25 @@ def test_gpu_engine_arguments_carry_no_cpu_only_setting(monkeypatch: pytest.Monk
 
 
 def test_demo_model_only_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    from thinkbatch.stack import demo_model_env
+    from devstack.demo_model import demo_model_env
+    from devstack.demo_model import wants_demo_model
 
-    monkeypatch.delenv("MODEL", raising=False)
-    assert demo_model_env(Settings(_env_file=None)) == {"MODEL": DEMO_MODEL}
-    monkeypatch.setenv("MODEL", "Qwen/Qwen3-0.6B")
-    assert demo_model_env(Settings(_env_file=None)) == {}
+    monkeypatch.delenv("THINKBATCH_MODEL", raising=False)
+    assert wants_demo_model(Settings(_env_file=None))
+    monkeypatch.setenv("THINKBATCH_MODEL", "Qwen/Qwen3-0.6B")
+    assert not wants_demo_model(Settings(_env_file=None))
+    monkeypatch.setenv("THINKBATCH_MODEL", DEMO_MODEL)
+    assert wants_demo_model(Settings(_env_file=None))
+    # The worker gets the checkpoint's path, and the API and jobs the demo name.
+    served = Settings(_env_file=None, **settings_env(demo_model_env(Path("/m/demo"))))
+    assert (served.model, served.model_name) == ("/m/demo", DEMO_MODEL)
 
 
 def test_readiness_wait_depends_on_the_model_and_reports_progress(tmp_path: Path) -> None:
-    from thinkbatch.stack import Stack
-    from thinkbatch.stack import readiness_wait
+    from devstack.stack import Stack
+    from devstack.stack import readiness_wait
 
-    assert readiness_wait(Settings(_env_file=None, model=DEMO_MODEL)) == {
+    assert readiness_wait(Settings(_env_file=None, served_model_name=DEMO_MODEL)) == {
         "timeout": 300, "stall_s": None,
     }  # fmt: skip
     assert readiness_wait(Settings(_env_file=None))["timeout"] is None

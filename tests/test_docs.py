@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 from tests.helpers import ROOT
+from thinkbatch.settings import ENV_PREFIX
 from thinkbatch.settings import Settings
 
 
@@ -20,7 +21,8 @@ def _script():
 
 def test_readme_lists_every_setting() -> None:
     readme = (ROOT / "README.md").read_text()
-    missing = [n.upper() for n in Settings.model_fields if f"`{n.upper()}`" not in readme]
+    names = [f"{ENV_PREFIX}{n.upper()}" for n in Settings.model_fields]
+    missing = [name for name in names if f"`{name}`" not in readme]
     assert missing == []
     assert _script().table() in readme
 

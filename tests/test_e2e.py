@@ -14,6 +14,7 @@ import pytest
 import redis
 import sqlalchemy as sa
 
+from devstack.services import free_port
 from tests.helpers import Servers
 from tests.helpers import check_invariants
 from tests.helpers import recreate_database
@@ -26,7 +27,6 @@ from tests.stacks import build_demo_model
 from tests.stacks import make_stack
 from tests.stacks import redis_db
 from thinkbatch.db import migrate
-from thinkbatch.local_services import free_port
 
 pytestmark = pytest.mark.e2e
 WORKER_METRICS_PORT = free_port()
@@ -67,7 +67,9 @@ def e2e(
     try:
         api = stack.start_api()
         flower = stack.start_flower(FLOWER_AUTH)
-        stack.start_worker("worker", env={"WORKER_METRICS_PORT": str(WORKER_METRICS_PORT)})
+        stack.start_worker(
+            "worker", env={"THINKBATCH_WORKER_METRICS_PORT": str(WORKER_METRICS_PORT)}
+        )
         assert api.port is not None
         yield Client(api.port, api_key(url)), sa.create_engine(url), broker, flower.port
     finally:

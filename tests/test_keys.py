@@ -55,7 +55,7 @@ def test_tenant_names_are_checked() -> None:
 
 def test_admin_command_creates_lists_and_revokes(settings: Settings, db: sa.Engine) -> None:
     runner = CliRunner()
-    env = {"DATABASE_URL": settings.require_database_url()}
+    env = {"THINKBATCH_DATABASE_URL": settings.require_database_url()}
     created = runner.invoke(cli, ["create", "--tenant", "acme", "--name", "ci"], env=env)
     assert created.exit_code == 0, created.output
     key = created.stdout.strip()

@@ -65,10 +65,10 @@ def env(servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         tmp_path_factory.mktemp("openai"),
         url,
         broker,
-        ENGINE="fake",
-        MODEL=MODEL,
-        BATCH_HOUR_S=str(HOUR_S),
-        MAX_MODEL_LEN="1024",
+        THINKBATCH_ENGINE="fake",
+        THINKBATCH_MODEL=MODEL,
+        THINKBATCH_BATCH_HOUR_S=str(HOUR_S),
+        THINKBATCH_MAX_MODEL_LEN="1024",
         **FAST_RECOVERY_ENV,
     )
     try:

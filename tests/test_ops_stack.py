@@ -15,6 +15,7 @@ import httpx
 import pytest
 import redis
 
+from devstack.services import free_port
 from tests.browser import ARTIFACTS
 from tests.browser import Browser
 from tests.browser import find_chromium
@@ -27,7 +28,6 @@ from tests.stacks import api_key
 from tests.stacks import make_stack
 from tests.stacks import redis_db
 from thinkbatch.db import migrate
-from thinkbatch.local_services import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -43,9 +43,10 @@ def ops_stack(servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Ite
     redis.Redis.from_url(broker).flushdb()
     metrics_port = free_port()
     stack = make_stack(
-        tmp_path_factory.mktemp("ops"), url, broker, ENGINE="fake", MODEL="thinkbatch-demo",
-        MAX_NUM_SEQS="4", ENGINE_EXTRA_ARGS='{"step_s": 0.02}',
-        WORKER_METRICS_PORT=str(metrics_port), **FAST_RECOVERY_ENV,
+        tmp_path_factory.mktemp("ops"), url, broker,
+        THINKBATCH_ENGINE="fake", THINKBATCH_MODEL="thinkbatch-demo", THINKBATCH_MAX_NUM_SEQS="4",
+        THINKBATCH_ENGINE_EXTRA_ARGS='{"step_s": 0.02}',
+        THINKBATCH_WORKER_METRICS_PORT=str(metrics_port), **FAST_RECOVERY_ENV,
     )  # fmt: skip
     try:
         api = stack.start_api()

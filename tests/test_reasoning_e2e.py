@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from devstack.stack import settings_env
 from tests.helpers import TENANT
 from tests.helpers import Servers
 from tests.helpers import make_settings
@@ -79,7 +80,7 @@ def vllm_db(servers: Servers) -> Iterator[tuple[str, str, sa.Engine]]:
 
 
 def _settings(url: str, redis_url: str, **overrides: Any) -> Settings:
-    env = {k.lower(): v for k, v in VLLM_ENV.items()}
+    env = settings_env(VLLM_ENV)
     return make_settings(
         url,
         redis_url,

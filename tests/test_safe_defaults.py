@@ -31,8 +31,8 @@ def test_compose_refuses_to_start_without_the_secrets() -> None:
     redis_cmd = services["redis"]["command"]
     assert REQUIRED.fullmatch(redis_cmd[redis_cmd.index("--requirepass") + 1])
     env = compose()["x-env"]
-    assert "${POSTGRES_PASSWORD:?" in env["DATABASE_URL"]
-    assert "${REDIS_PASSWORD:?" in env["REDIS_URL"]
+    assert "${POSTGRES_PASSWORD:?" in env["THINKBATCH_DATABASE_URL"]
+    assert "${REDIS_PASSWORD:?" in env["THINKBATCH_REDIS_URL"]
     assert not any("--basic-auth" in part for part in services["flower"]["command"])
 
 

@@ -17,6 +17,8 @@ from kombu import Connection
 from kombu import Exchange
 from kombu import Producer
 
+from devstack.stack import Proc
+from devstack.stack import Stack
 from tests.helpers import Servers
 from tests.helpers import recreate_database
 from tests.stacks import FAST_RECOVERY_ENV
@@ -26,8 +28,6 @@ from tests.stacks import api_key
 from tests.stacks import make_stack
 from tests.stacks import redis_db
 from thinkbatch.db import migrate
-from thinkbatch.stack import Proc
-from thinkbatch.stack import Stack
 
 pytestmark = pytest.mark.e2e
 
@@ -54,8 +54,8 @@ def fake_stack(
         tmp_path_factory.mktemp("security"),
         url,
         broker,
-        ENGINE="fake",
-        MODEL="thinkbatch-demo",
+        THINKBATCH_ENGINE="fake",
+        THINKBATCH_MODEL="thinkbatch-demo",
         **FAST_RECOVERY_ENV,
     )
     try:

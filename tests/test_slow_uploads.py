@@ -13,11 +13,11 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from devstack.stack import Proc
+from devstack.stack import Stack
 from tests.helpers import TENANT
 from tests.helpers import make_key
 from thinkbatch.settings import Settings
-from thinkbatch.stack import Proc
-from thinkbatch.stack import Stack
 
 pytestmark = pytest.mark.slow  # real processes: left out of make check
 
@@ -28,9 +28,9 @@ READ_TIMEOUT_S = 3
 def api(settings: Settings, db: sa.Engine, tmp_path: Path) -> Iterator[Proc]:
     stack = Stack(
         {
-            "DATABASE_URL": settings.require_database_url(),
-            "REDIS_URL": settings.require_redis_url(),
-            "REQUEST_READ_TIMEOUT_S": str(READ_TIMEOUT_S),
+            "THINKBATCH_DATABASE_URL": settings.require_database_url(),
+            "THINKBATCH_REDIS_URL": settings.require_redis_url(),
+            "THINKBATCH_REQUEST_READ_TIMEOUT_S": str(READ_TIMEOUT_S),
         },
         tmp_path,
     )

@@ -1,36 +1,115 @@
 """Every setting of thinkbatch, read from the environment (or `.env`) in this one place.
 
 The API, the worker, the migrations and the tools all build a `Settings()`; tests pass their own.
-Names are the plain environment variable names (`DATABASE_URL`, `MODEL`, ...), case-insensitive.
+Each setting is the environment variable `THINKBATCH_<NAME>` (`THINKBATCH_DATABASE_URL`,
+`THINKBATCH_MODEL`, ...), case-insensitive. The old unprefixed names (`MODEL`, `SEED`, ...) are
+still read for one release, with a FutureWarning; the prefixed name wins where both are set.
 """
 
 from __future__ import annotations
 
+import logging
+import warnings
 from pathlib import Path
 from typing import Any
 from typing import Literal
 
 from pydantic import Field
+from pydantic import PostgresDsn
+from pydantic import RedisDsn
+from pydantic import ValidationError
+from pydantic import ValidationInfo
+from pydantic import ValidatorFunctionWrapHandler
+from pydantic import field_validator
 from pydantic import model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
+from pydantic_settings import DotEnvSettingsSource
+from pydantic_settings import EnvSettingsSource
+from pydantic_settings import PydanticBaseSettingsSource
 from pydantic_settings import SettingsConfigDict
 
-DEMO_MODEL = "thinkbatch-demo"
-# The default a deployment serves when MODEL is unset: the model the product is built for. The
-# tiny demo model is never a default; the demo, the benchmark and the tests ask for it by name.
+log = logging.getLogger(__name__)
+
+ENV_PREFIX = "THINKBATCH_"
+# The default a deployment serves when THINKBATCH_MODEL is unset: the model the product is built
+# for. The tiny demo model is never a default; the dev stack (devstack/) builds and names it.
 PRODUCTION_MODEL = "Qwen/Qwen3-8B"
+# Old names that are no alias of ours but another program's own variable for the same thing:
+# gunicorn.conf.py sets PROMETHEUS_MULTIPROC_DIR for prometheus-client, so the API's processes
+# always see it. Read without a warning.
+NOT_DEPRECATED = frozenset({"prometheus_multiproc_dir"})
+
+
+class LegacyNames(PydanticBaseSettingsSource):
+    """The settings' old unprefixed names (`MODEL`, `DATABASE_URL`, ...) from the environment and
+    the `.env` file, below the `THINKBATCH_` names in priority. Deprecated: one FutureWarning (shown
+    by default, unlike a DeprecationWarning) names every old variable found and its new name."""
+
+    def __init__(self, settings_cls: type[BaseSettings], dotenv: DotEnvSettingsSource):
+        super().__init__(settings_cls)
+        # The stock sources with an empty prefix parse values exactly as the prefixed ones do
+        # (JSON for dicts, case-insensitive names); the environment is read over the .env file.
+        self.sources: tuple[PydanticBaseSettingsSource, ...] = (
+            DotEnvSettingsSource(
+                settings_cls,
+                env_file=dotenv.env_file,
+                env_file_encoding=dotenv.env_file_encoding,
+                env_prefix="",
+            ),
+            EnvSettingsSource(settings_cls, env_prefix=""),
+        )
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ reads through the stock sources
+
+    def __call__(self) -> dict[str, Any]:
+        fields = self.settings_cls.model_fields
+        values: dict[str, Any] = {}
+        for source in self.sources:
+            values.update({k: v for k, v in source().items() if k in fields})
+        old = sorted(set(values) - NOT_DEPRECATED)
+        if old:
+            renames = ", ".join(f"{name.upper()} -> {ENV_PREFIX}{name.upper()}" for name in old)
+            message = (
+                f"thinkbatch settings read under their old names, deprecated and dropped in the "
+                f"next release: {renames} (where both are set, the {ENV_PREFIX} name wins)"
+            )
+            log.warning(message)
+            warnings.warn(message, FutureWarning, stacklevel=2)
+        return values
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_file=".env", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_file=".env",
+        extra="ignore",
+        frozen=True,
+        # A URL may carry a password: an error names the variable, never repeats its value.
+        hide_input_in_errors=True,
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        assert isinstance(dotenv_settings, DotEnvSettingsSource)
+        legacy = LegacyNames(settings_cls, dotenv_settings)
+        return init_settings, env_settings, dotenv_settings, legacy, file_secret_settings
 
     # --- services -------------------------------------------------------------------------
-    database_url: str | None = Field(
+    database_url: PostgresDsn | None = Field(
         None,
         description="SQLAlchemy URL of PostgreSQL (postgresql+psycopg://...). Unset: the launcher "
         "starts an embedded PostgreSQL under DATA_DIR.",
     )
-    redis_url: str | None = Field(
+    redis_url: RedisDsn | None = Field(
         None, description="Redis URL of the Celery broker. Unset: the launcher starts a Redis."
     )
     data_dir: Path = Field(
@@ -41,8 +120,8 @@ class Settings(BaseSettings):
     # --- model and engine -----------------------------------------------------------------
     model: str = Field(
         PRODUCTION_MODEL,
-        description=f"Local path or hub id of the model. '{DEMO_MODEL}' builds and serves the tiny "
-        "demo Qwen3 checkpoint (the demo, bench and tests set it).",
+        description="Local path or hub id of the model. The demo, bench and tests build the tiny "
+        "demo Qwen3 checkpoint and pass its path here (served as 'thinkbatch-demo').",
         # Commented out in .env.example: a copied .env must not pick the model for `make demo`
         # (which would then load the production model on a CPU) nor for compose's worker.
         json_schema_extra={"env_example": "commented"},
@@ -259,6 +338,19 @@ class Settings(BaseSettings):
         "INFO", description="Lowest level logged by the API and the worker."
     )
 
+    @field_validator("database_url", "redis_url", mode="wrap")
+    @classmethod
+    def name_the_variable(
+        cls, value: object, handler: ValidatorFunctionWrapHandler, info: ValidationInfo
+    ) -> object:
+        # pydantic names the field; a deployment sets the variable.
+        try:
+            return handler(value)
+        except ValidationError as error:
+            name = f"{ENV_PREFIX}{(info.field_name or '').upper()}"
+            reason = "; ".join(e["msg"] for e in error.errors())
+            raise ValueError(f"{name} is not a valid URL for it: {reason}") from None
+
     @model_validator(mode="after")
     def check_timeouts(self) -> Settings:
         # An item must finish (or be aborted) before its lease lapses, and Redis must not hand a
@@ -286,12 +378,17 @@ class Settings(BaseSettings):
     def inflight_window(self) -> int:
         return max(1, int(self.inflight_factor * self.max_num_seqs))
 
+    # The URLs leave as plain strings: SQLAlchemy, Celery and redis-py take them so.
     def require_database_url(self) -> str:
-        if not self.database_url:
-            raise RuntimeError("DATABASE_URL is not set (the demo launcher sets it for you)")
-        return self.database_url
+        if self.database_url is None:
+            raise RuntimeError(
+                f"{ENV_PREFIX}DATABASE_URL is not set (the demo launcher sets it for you)"
+            )
+        return str(self.database_url)
 
     def require_redis_url(self) -> str:
-        if not self.redis_url:
-            raise RuntimeError("REDIS_URL is not set (the demo launcher sets it for you)")
-        return self.redis_url
+        if self.redis_url is None:
+            raise RuntimeError(
+                f"{ENV_PREFIX}REDIS_URL is not set (the demo launcher sets it for you)"
+            )
+        return str(self.redis_url)

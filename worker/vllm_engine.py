@@ -13,7 +13,6 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from vllm import SamplingParams
@@ -29,7 +28,6 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 from thinkbatch.ledger import Claimed
 from thinkbatch.limits import SAMPLING_LIMITS
 from thinkbatch.sampling import Sampling
-from thinkbatch.settings import DEMO_MODEL
 from thinkbatch.settings import Settings
 from thinkbatch.thinking import THINK_END
 from thinkbatch.thinking import THINK_START
@@ -44,16 +42,6 @@ from worker.engine import SpeculativeStats
 from worker.engine import ThinkTokens
 
 log = logging.getLogger(__name__)
-
-
-def resolve_model(settings: Settings) -> str:
-    """MODEL, with the demo name mapped to the locally built checkpoint (built on first use)."""
-    if settings.model != DEMO_MODEL:
-        return settings.model
-    from demo.model import DEFAULT_DIR
-    from demo.model import ensure_demo_model
-
-    return str(ensure_demo_model(Path(DEFAULT_DIR)))
 
 
 # Environment variables only vLLM's CPU backend reads; a GPU host must carry none of them.
@@ -193,7 +181,7 @@ class VLLMEngine:
     async def start(self) -> None:
         device = device_type()
         configure_environment(self.settings, device)
-        model = resolve_model(self.settings)
+        model = self.settings.model
 
         def stats_logger(config: Any, index: int = 0) -> _EngineStats:
             return _EngineStats(config, index, engine=self)

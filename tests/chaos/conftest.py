@@ -8,6 +8,8 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
+from devstack.services import LocalPostgres
+from devstack.services import LocalRedis
 from tests.chaos.helpers import REPORTS
 from tests.chaos.helpers import Chaos
 from tests.stacks import FAST_RECOVERY_ENV
@@ -16,8 +18,6 @@ from tests.stacks import api_key
 from tests.stacks import build_demo_model
 from tests.stacks import make_stack
 from thinkbatch.db import migrate
-from thinkbatch.local_services import LocalPostgres
-from thinkbatch.local_services import LocalRedis
 
 
 @pytest.fixture(scope="session")

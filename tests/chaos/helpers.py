@@ -8,12 +8,12 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from devstack.services import LocalPostgres
+from devstack.services import LocalRedis
+from devstack.stack import Stack
 from tests.stacks import FAST_RECOVERY_ENV
 from tests.stacks import Client
 from tests.stacks import make_stack
-from thinkbatch.local_services import LocalPostgres
-from thinkbatch.local_services import LocalRedis
-from thinkbatch.stack import Stack
 
 
 @dataclass

@@ -18,6 +18,8 @@ import psutil
 import pytest
 import sqlalchemy as sa
 
+from devstack.stack import Proc
+from devstack.stack import Stack
 from tests.chaos.helpers import REPORTS
 from tests.chaos.helpers import Chaos
 from tests.chaos.helpers import ScenarioReport
@@ -26,8 +28,6 @@ from tests.stacks import VLLM_ENV
 from thinkbatch.queue import RUN_JOB
 from thinkbatch.queue import make_celery
 from thinkbatch.settings import Settings
-from thinkbatch.stack import Proc
-from thinkbatch.stack import Stack
 
 pytestmark = pytest.mark.chaos
 
@@ -285,7 +285,10 @@ class Supervisor:
 def test_poison_item_fails_alone(chaos: Chaos) -> None:
     # The one scenario on the fault-injecting engine: a real vLLM crash cannot be planted.
     stack = chaos.worker_stack(
-        "poison", ENGINE="fake", MAX_NUM_SEQS="8", ENGINE_EXTRA_ARGS='{"step_s": 0.01}'
+        "poison",
+        THINKBATCH_ENGINE="fake",
+        THINKBATCH_MAX_NUM_SEQS="8",
+        THINKBATCH_ENGINE_EXTRA_ARGS='{"step_s": 0.01}',
     )
     batch = items(200)
     batch[57] = {"custom_id": "poison", "prompt": "[[poison]] this prompt kills the engine"}

