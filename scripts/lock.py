@@ -38,6 +38,7 @@ from install import reachable
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMAND = "python scripts/lock.py"
+CONFIG = ROOT / "locks" / "uv.toml"
 
 
 @dataclass(frozen=True)
@@ -77,16 +78,22 @@ def torch_cpu_source() -> list[str]:
     return [arg for folder in folders for arg in ("--find-links", folder)]
 
 
-def compile_lock(lock: Lock, output: Path, upgrade: bool = False) -> None:
+def compile_lock(
+    lock: Lock, output: Path, upgrade: bool = False, this_machine: bool = False
+) -> None:
+    """Resolve `lock` into `output`; `this_machine`: for this interpreter and platform alone."""
     args = [sys.executable, "-m", "uv", "pip", "compile", "pyproject.toml", "--quiet"]
     args += ["--output-file", str(output), "--custom-compile-command", COMMAND]
-    # uv reads its own config files and UV_* variables; the lock depends on pyproject.toml only.
-    args += ["--no-config"]
+    # No uv.toml of the user's or UV_* variable: the locks depend on pyproject.toml and
+    # locks/uv.toml only.
+    args += ["--no-config", "--config-file", str(CONFIG)]
     for extra in lock.extras:
         args += ["--extra", extra]
     for group in lock.groups:
         args += ["--group", f"pyproject.toml:{group}"]
-    if lock.python:
+    if this_machine:
+        args += ["--python-version", "{}.{}.{}".format(*sys.version_info[:3])]
+    elif lock.python:
         args += ["--python-version", lock.python, "--python-platform", "x86_64-manylinux_2_28"]
     else:
         args += ["--universal"]

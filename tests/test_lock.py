@@ -34,12 +34,15 @@ def _script(name: str) -> ModuleType:
     return module
 
 
-def _pinned(lock_path: Path) -> dict[str, set[str]]:
-    """Each package's locked versions (a universal lock may hold two, under exclusive markers)."""
+def _pinned(lock_path: Path, here: bool = False) -> dict[str, set[str]]:
+    """Each package's locked versions (a universal lock may hold two, under exclusive markers);
+    `here`: only those whose markers hold for this interpreter and platform."""
     pins: dict[str, set[str]] = {}
     for line in lock_path.read_text().splitlines():
         if line[:1].isalnum():
             req = Requirement(line.split(" \\")[0].replace(" ;", ";"))
+            if here and req.marker is not None and not req.marker.evaluate():
+                continue
             pins.setdefault(canonicalize_name(req.name), set()).add(str(req.specifier))
     return pins
 
@@ -142,10 +145,25 @@ def test_locks_are_current_with_pyproject() -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not _index_reachable(), reason="PyPI is unreachable: cannot resolve")
+def test_universal_locks_hold_everything_this_machine_needs(tmp_path: Path) -> None:
+    # uv takes one wheel's dependencies for all wheels of a version (locks/uv.toml): a universal
+    # lock can then miss a package that a resolution for this machine alone includes.
+    lock = _script("lock")
+    universal = [entry for entry in lock.LOCKS if entry.python is None]
+    assert len(universal) == 2
+    for entry in universal:
+        alone = tmp_path / Path(entry.path).name
+        lock.compile_lock(entry, alone, this_machine=True)
+        missing = set(_pinned(alone)) - set(_pinned(ROOT / entry.path, here=True))
+        assert not missing, (entry.path, missing)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _index_reachable(), reason="PyPI is unreachable: cannot resolve")
 def test_lock_check_fails_when_pyproject_moves_on(tmp_path: Path) -> None:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, tmp_path / name)
-    for folder in ("scripts", "locks"):
+    for folder in ("scripts", "locks"):  # locks/ holds uv.toml too
         shutil.copytree(ROOT / folder, tmp_path / folder)
     pyproject = tmp_path / "pyproject.toml"
     text = pyproject.read_text()
