@@ -1,11 +1,17 @@
 # Two images from one file:
 #   docker build --target api .     Flask API, migrations, Flower (no torch, no vLLM)
 #   docker build --target worker .  Celery worker with the CUDA build of vLLM
+# Each installs its dependencies from its lock (locks/api.txt, locks/worker-gpu.txt, written by
+# scripts/lock.py from pyproject.toml): every package at a pinned version and hash, then the
+# project itself without dependencies. The locks are for linux/amd64.
 
 # --- api: plain Python is enough (no torch, no compiler) ------------------------------------
 FROM python:3.11-slim AS api
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
+# Dependencies before the sources: a code change reuses this layer.
+COPY locks/api.txt ./locks/
+RUN pip install --require-hashes --no-deps -r locks/api.txt
 COPY pyproject.toml README.md ./
 COPY thinkbatch ./thinkbatch
 COPY api ./api
@@ -13,9 +19,9 @@ COPY worker ./worker
 COPY migrations ./migrations
 # Flower's Tasks page columns: the job id (args) and its progress (result).
 COPY flowerconfig.py ./
-# The project itself; its dependencies carry their bounds in pyproject.toml.
+# The project alone: every dependency is installed above, at its locked version.
 # hadolint ignore=DL3013
-RUN pip install ".[api,worker]"
+RUN pip install --no-deps .
 EXPOSE 8000
 CMD ["gunicorn", "-c", "api/gunicorn.conf.py", "api.wsgi:app"]
 
@@ -24,8 +30,9 @@ CMD ["gunicorn", "-c", "api/gunicorn.conf.py", "api.wsgi:app"]
 #   Python headers on first use: python:3.11-slim has neither.
 # * The FlashInfer sampler, on by default in vLLM 0.32, compiles with nvcc during the engine's
 #   warm-up and has no fallback: a runtime-only CUDA image has no nvcc.
-# So: NVIDIA's devel image at the CUDA version the pinned torch is built for (vllm==0.32.0 pins
-# torch==2.13.0, whose PyPI wheels use CUDA 13.0), plus gcc and the Python headers. vLLM's own
+# So: NVIDIA's devel image at the CUDA version the pinned torch is built for (the `gpu` extra's
+# vLLM pins a torch whose PyPI wheels use CUDA 13.0: cuda-toolkit 13.0.x in locks/worker-gpu.txt,
+# which tests/test_deploy.py checks against this tag), plus gcc and the Python headers. vLLM's own
 # release image uses the same kind of base for the same reason. The alternative, switching
 # FlashInfer's sampler off (VLLM_USE_FLASHINFER_SAMPLER=0) and keeping a slim image, still needs
 # gcc for Triton and costs sampling speed; it is not taken.
@@ -42,13 +49,15 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/* \
     && python3.12 -m venv /opt/venv
 WORKDIR /app
+# The `worker` and `gpu` extras' whole tree: vLLM, the CUDA build of torch and its CUDA libraries.
+COPY locks/worker-gpu.txt ./locks/
+RUN pip install --require-hashes --no-deps -r locks/worker-gpu.txt
 COPY pyproject.toml README.md ./
 COPY thinkbatch ./thinkbatch
 COPY api ./api
 COPY worker ./worker
 COPY migrations ./migrations
 COPY scripts ./scripts
-# The `gpu` extra pins vllm==0.32.0 (and through it torch 2.13.0 for CUDA 13.0).
 # hadolint ignore=DL3013
-RUN pip install ".[worker,gpu]"
+RUN pip install --no-deps .
 CMD ["celery", "-A", "worker.celery_app", "worker", "-E", "-l", "INFO"]

@@ -1,10 +1,13 @@
 # One command each; every target installs what it needs first (.venv, via scripts/install.py).
 PY := .venv/bin/python
 
-.PHONY: install demo test check chaos bench bench-scale gpu-check lint clean
+.PHONY: install lock demo test check chaos bench bench-scale gpu-check lint clean
 
 install:
 	@python3 scripts/install.py
+
+lock: install        ## rewrite locks/ after a change to pyproject.toml (ARGS=--upgrade: newest allowed)
+	$(PY) scripts/lock.py $(ARGS)
 
 demo: install        ## a demo batch end to end on embedded PostgreSQL and Redis
 	$(PY) -m demo

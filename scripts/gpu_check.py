@@ -98,9 +98,10 @@ def toolchain_problems(env: dict[str, str] | None = None) -> list[str]:
             "(apt-get install python3-dev, or python3.X-dev for this Python)"
         )
     if find_nvcc(env) is None:
+        cuda = _install_module().GPU_CUDA_MAJOR
         problems.append(
             "no nvcc (CUDA toolkit): vLLM's FlashInfer sampler compiles with it while the "
-            "engine warms up (use a CUDA devel image, install the CUDA 13 toolkit, or set "
+            f"engine warms up (use a CUDA devel image, install the CUDA {cuda} toolkit, or set "
             "CUDA_HOME)"
         )
     return problems

