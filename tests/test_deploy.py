@@ -52,8 +52,18 @@ def test_compose_file_is_valid_under_the_compose_specification() -> None:
 
 def test_compose_gpu_reservation_follows_tensor_parallel_size() -> None:
     text = (ROOT / "docker-compose.yml").read_text()
-    assert 'count: "${THINKBATCH_TENSOR_PARALLEL_SIZE:-1}"' in text
-    assert "THINKBATCH_TENSOR_PARALLEL_SIZE: ${THINKBATCH_TENSOR_PARALLEL_SIZE:-1}" in text
+    # One expression for both, falling back to the old name (a .env of the release before) and
+    # then to 1 (nested interpolation, Compose Specification "Interpolation").
+    size = "${THINKBATCH_TENSOR_PARALLEL_SIZE:-${TENSOR_PARALLEL_SIZE:-1}}"
+    assert f'count: "{size}"' in text
+    assert f"THINKBATCH_TENSOR_PARALLEL_SIZE: {size}" in text
+
+
+def test_compose_honours_an_old_model_name_before_its_default() -> None:
+    """compose's default for THINKBATCH_MODEL would otherwise beat a `.env` that still says
+    MODEL=..., and the worker would load another model than the one asked for."""
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert "THINKBATCH_MODEL: ${THINKBATCH_MODEL:-${MODEL:-Qwen/Qwen3-8B}}" in text
 
 
 def test_dockerfile_passes_hadolint() -> None:

@@ -127,3 +127,15 @@ def test_urls_leave_as_the_strings_given() -> None:
     )
     assert s.require_database_url() == "postgresql+psycopg://postgres@127.0.0.1:5432/tb"
     assert s.require_redis_url() == "redis://:pw@127.0.0.1:6379/12"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+psycopg:///thinkbatch?host=/run/postgresql",  # a Unix socket, no host
+        "postgresql+psycopg://u@db1:5432,db2:5432/thinkbatch",  # libpq's several hosts
+        "postgresql+psycopg://u:p%40ss@db/thinkbatch",  # a percent-encoded password
+    ],
+)
+def test_postgres_urls_libpq_takes_are_accepted_unchanged(url: str) -> None:
+    assert Settings(_env_file=None, database_url=url).require_database_url() == url

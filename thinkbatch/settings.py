@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic import PostgresDsn
 from pydantic import RedisDsn
+from pydantic import UrlConstraints
 from pydantic import ValidationError
 from pydantic import ValidationInfo
 from pydantic import ValidatorFunctionWrapHandler
@@ -80,6 +81,18 @@ class LegacyNames(PydanticBaseSettingsSource):
         return values
 
 
+class PostgresUrl(PostgresDsn):
+    """PostgresDsn without its required host: libpq's socket-only URLs
+    (`postgresql+psycopg:///thinkbatch?host=/run/postgresql`) are common on a database host."""
+
+    # Subclassing with `_constraints` is how pydantic's own URL types are made; the schemes stay
+    # PostgresDsn's (read from it rather than copied, so an upgrade that adds one adds it here).
+    _constraints = UrlConstraints(
+        host_required=False,
+        allowed_schemes=PostgresDsn._constraints.allowed_schemes,  # noqa: SLF001
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -104,7 +117,7 @@ class Settings(BaseSettings):
         return init_settings, env_settings, dotenv_settings, legacy, file_secret_settings
 
     # --- services -------------------------------------------------------------------------
-    database_url: PostgresDsn | None = Field(
+    database_url: PostgresUrl | None = Field(
         None,
         description="SQLAlchemy URL of PostgreSQL (postgresql+psycopg://...). Unset: the launcher "
         "starts an embedded PostgreSQL under DATA_DIR.",
