@@ -69,6 +69,13 @@ def make_settings(database_url: str, redis_url: str, **overrides: object) -> Set
     return Settings(_env_file=None, **values)  # type: ignore[arg-type]
 
 
+def close_app(app: Flask) -> None:
+    """Close what an app holds open: its database pool and its Celery broker pool."""
+    services = app.extensions["thinkbatch"]
+    services.engine.dispose()
+    services.celery.close()
+
+
 def make_key(engine: sa.Engine, tenant: str) -> str:
     with orm.Session(engine) as session, session.begin():
         key, _ = create_key(session, tenant, "tests")

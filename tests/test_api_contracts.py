@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from flask.testing import FlaskClient
 
 from api import create_app
+from tests.helpers import close_app
 from tests.helpers import make_settings
 from thinkbatch.settings import Settings
 
@@ -35,8 +36,8 @@ def test_a_submit_publishes_a_hint_and_records_it(
 ) -> None:
     job_id = client.post("/v1/jobs", json=GOOD).json["id"]
     # The hint is a Celery message on the workers' queue, naming the job...
-    broker = redis.Redis.from_url(settings.require_redis_url())
-    messages = [json.loads(m) for m in broker.lrange(settings.queue_name, 0, -1)]
+    with redis.Redis.from_url(settings.require_redis_url()) as broker:
+        messages = [json.loads(m) for m in broker.lrange(settings.queue_name, 0, -1)]
     hinted = [m for m in messages if m["headers"]["argsrepr"] == repr([job_id])]
     assert hinted, messages
     # ...and the job says so, so that the sweeper does not publish it again.
@@ -128,7 +129,7 @@ def _readyz(settings: Settings) -> Any:
     try:
         return app.test_client().get("/readyz")
     finally:
-        app.extensions["thinkbatch"].engine.dispose()
+        close_app(app)
 
 
 def test_readyz_is_degraded_when_postgres_is_down(database_url: str, redis_url: str) -> None:

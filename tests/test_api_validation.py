@@ -122,13 +122,11 @@ def test_too_many_items(client: FlaskClient, db: sa.Engine, app) -> None:
     assert response.json["error"]["param"] == "items"
 
 
-def test_body_over_the_size_limit_is_413(settings, db: sa.Engine) -> None:
-    from api import create_app
+def test_body_over_the_size_limit_is_413(make_app, db: sa.Engine) -> None:
     from tests.helpers import keyed_client
     from tests.helpers import make_key
 
-    small = settings.model_copy(update={"max_request_bytes": 2048})
-    client = keyed_client(create_app(small), make_key(db, "acme"))
+    client = keyed_client(make_app(max_request_bytes=2048), make_key(db, "acme"))
     response = client.post("/v1/jobs", json={"items": [{"prompt": "x" * 5000}]})
     assert response.status_code == 413
     assert response.json["error"]["code"] == "request_entity_too_large"

@@ -16,11 +16,9 @@ from flask.testing import FlaskClient
 from sqlalchemy import orm
 from werkzeug.routing import Rule
 
-from api import create_app
 from tests.helpers import keyed_client
 from tests.helpers import make_key
 from thinkbatch.keys import revoke_key
-from thinkbatch.settings import Settings
 
 # The only routes open to anonymous callers: the probes, metrics, and the API's own
 # description (no one's data, and a browser cannot send a bearer key to open /docs). A route
@@ -76,8 +74,8 @@ def test_every_route_but_the_probes_refuses_an_anonymous_call(
             assert response.headers["WWW-Authenticate"].startswith("Bearer")
 
 
-def test_a_route_added_later_is_protected_too(settings: Settings, db: sa.Engine) -> None:
-    app = create_app(settings)
+def test_a_route_added_later_is_protected_too(make_app: Callable[..., Flask]) -> None:
+    app = make_app()
 
     @app.get("/v1/new-thing")
     def new_thing() -> dict[str, str]:
@@ -146,8 +144,10 @@ def test_another_tenants_job_is_not_found_by_any_route(
     assert client.get(f"/v1/jobs/{job_id}").json["status"] == "queued"
 
 
-def test_failed_attempts_are_rate_limited_per_address(settings: Settings, db: sa.Engine) -> None:
-    app = create_app(settings.model_copy(update={"auth_failures_per_minute": 3}))
+def test_failed_attempts_are_rate_limited_per_address(
+    make_app: Callable[..., Flask], db: sa.Engine
+) -> None:
+    app = make_app(auth_failures_per_minute=3)
     good = keyed_client(app, make_key(db, "acme"))
     bad = keyed_client(app, "tb_00000000_" + "B" * 43)
     statuses = [bad.get("/v1/jobs").status_code for _ in range(5)]
@@ -175,20 +175,16 @@ def test_no_key_reaches_the_logs(
     assert secret not in caplog.text
 
 
-def test_auth_can_be_turned_off_for_local_use(settings: Settings, db: sa.Engine) -> None:
-    app = create_app(settings.model_copy(update={"auth_required": False}))
+def test_auth_can_be_turned_off_for_local_use(make_app: Callable[..., Flask]) -> None:
+    app = make_app(auth_required=False)
     client = app.test_client()
     job = client.post("/v1/jobs", json=JOB)
     assert job.status_code == 201
     assert client.get(f"/v1/jobs/{job.json['id']}").status_code == 200
 
 
-def _quota_app(settings: Settings, **limits: int) -> Flask:
-    return create_app(settings.model_copy(update=limits))
-
-
-def test_unfinished_items_quota(settings: Settings, db: sa.Engine) -> None:
-    app = _quota_app(settings, tenant_max_unfinished_items=5)
+def test_unfinished_items_quota(make_app: Callable[..., Flask], db: sa.Engine) -> None:
+    app = make_app(tenant_max_unfinished_items=5)
     acme = keyed_client(app, make_key(db, "acme"))
     rival = keyed_client(app, make_key(db, "rival"))
     three = {"items": [{"prompt": f"p{i}"} for i in range(3)]}
@@ -208,8 +204,8 @@ def test_unfinished_items_quota(settings: Settings, db: sa.Engine) -> None:
     assert acme.post("/v1/jobs", json=three).status_code == 201
 
 
-def test_submissions_per_minute(settings: Settings, db: sa.Engine) -> None:
-    app = _quota_app(settings, tenant_jobs_per_minute=2)
+def test_submissions_per_minute(make_app: Callable[..., Flask], db: sa.Engine) -> None:
+    app = make_app(tenant_jobs_per_minute=2)
     acme = keyed_client(app, make_key(db, "acme"))
     assert [acme.post("/v1/jobs", json=JOB).status_code for _ in range(3)] == [201, 201, 429]
     refused = acme.post("/v1/jobs", json=JOB)
@@ -218,8 +214,10 @@ def test_submissions_per_minute(settings: Settings, db: sa.Engine) -> None:
     assert keyed_client(app, make_key(db, "rival")).post("/v1/jobs", json=JOB).status_code == 201
 
 
-def test_parallel_submits_cannot_overrun_the_quota(settings: Settings, db: sa.Engine) -> None:
-    app = _quota_app(settings, tenant_max_unfinished_items=10)
+def test_parallel_submits_cannot_overrun_the_quota(
+    make_app: Callable[..., Flask], db: sa.Engine
+) -> None:
+    app = make_app(tenant_max_unfinished_items=10)
     key = make_key(db, "acme")
     statuses: list[int] = []
     barrier = threading.Barrier(8)

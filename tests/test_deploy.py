@@ -198,6 +198,7 @@ def test_gpu_check_refuses_cleanly_without_a_gpu(command: list[str]) -> None:
     assert "no NVIDIA GPU found" in out.stdout
 
 
+@pytest.mark.slow  # imports vLLM (and torch): ~15 s on this host
 def test_gpu_engine_arguments_carry_no_cpu_only_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     from worker.vllm_engine import configure_environment
     from worker.vllm_engine import engine_args

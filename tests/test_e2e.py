@@ -64,6 +64,7 @@ def e2e(
     broker = redis_db(servers.redis_url, 11)
     redis.Redis.from_url(broker).flushdb()
     stack = make_stack(tmp_path_factory.mktemp("e2e"), url, broker, **VLLM_ENV, **FAST_RECOVERY_ENV)
+    db = sa.create_engine(url)
     try:
         api = stack.start_api()
         flower = stack.start_flower(FLOWER_AUTH)
@@ -71,9 +72,10 @@ def e2e(
             "worker", env={"THINKBATCH_WORKER_METRICS_PORT": str(WORKER_METRICS_PORT)}
         )
         assert api.port is not None
-        yield Client(api.port, api_key(url)), sa.create_engine(url), broker, flower.port
+        yield Client(api.port, api_key(url)), db, broker, flower.port
     finally:
         stack.stop_all()
+        db.dispose()
 
 
 def prompt_tokens(item: dict[str, Any]) -> int:

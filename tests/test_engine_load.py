@@ -6,15 +6,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from prometheus_client import REGISTRY
-from vllm.v1.metrics.stats import SchedulerStats
-from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from tests.helpers import make_settings
 from worker.engine import SchedulerLoad
 from worker.metrics import metrics
-from worker.vllm_engine import VLLMEngine
-from worker.vllm_engine import _EngineStats
+
+# slow: vLLM's stats objects mean importing vLLM (and torch), ~15 s on this host. The imports
+# are in the tests, so that make check, which leaves these out, never loads vLLM.
+pytestmark = pytest.mark.slow
 
 
 class _Runner:
@@ -36,6 +37,12 @@ def _gauge(name: str) -> float:
 
 
 def test_the_last_steps_load_and_speculation_reach_the_gauges() -> None:
+    from vllm.v1.metrics.stats import SchedulerStats
+    from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
+    from worker.vllm_engine import VLLMEngine
+    from worker.vllm_engine import _EngineStats
+
     settings = make_settings(
         "postgresql+psycopg://unused/x",
         "redis://unused/0",
@@ -71,6 +78,11 @@ def test_the_last_steps_load_and_speculation_reach_the_gauges() -> None:
 
 
 def test_a_step_without_scheduler_stats_keeps_the_last_load() -> None:
+    from vllm.v1.metrics.stats import SchedulerStats
+
+    from worker.vllm_engine import VLLMEngine
+    from worker.vllm_engine import _EngineStats
+
     engine = VLLMEngine(make_settings("postgresql+psycopg://unused/x", "redis://unused/0"))
     logger = _EngineStats(None, 0, engine=engine)
     logger.record(SchedulerStats(num_running_reqs=1, num_waiting_reqs=0, kv_cache_usage=0.1), None)

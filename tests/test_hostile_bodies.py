@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +23,6 @@ import sqlalchemy as sa
 from flask import Flask
 from flask.testing import FlaskClient
 
-from api import create_app
 from tests.helpers import ROOT
 from tests.helpers import TENANT
 from tests.helpers import keyed_client
@@ -451,10 +451,8 @@ def table() -> Iterator[list[str]]:
 
 
 @pytest.fixture
-def hostile_app(settings: Settings, db: sa.Engine) -> Iterator[Flask]:
-    app = create_app(settings.model_copy(update={"max_request_bytes": MAX_BYTES}))
-    yield app
-    app.extensions["thinkbatch"].engine.dispose()
+def hostile_app(make_app: Callable[..., Flask]) -> Flask:
+    return make_app(max_request_bytes=MAX_BYTES)
 
 
 def _send(client: FlaskClient, request: Any, job_id: str) -> Any:

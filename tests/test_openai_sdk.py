@@ -74,7 +74,9 @@ def env(servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     try:
         api = stack.start_api()
         stack.start_worker("worker")
-        yield Env(f"http://127.0.0.1:{api.port}", api_key(url), url)
+        env = Env(f"http://127.0.0.1:{api.port}", api_key(url), url)
+        yield env
+        env.db.dispose()
     finally:
         stack.stop_all()
 

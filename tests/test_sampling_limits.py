@@ -10,6 +10,7 @@ inside unchanged. Whatever the API accepts, the engine takes as given: nothing i
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -21,11 +22,18 @@ from thinkbatch.limits import Bound
 from thinkbatch.limits import Limit
 from thinkbatch.schemas import SamplingParamsIn
 
-vllm = pytest.importorskip("vllm")
-VLLMValidationError = pytest.importorskip("vllm.exceptions").VLLMValidationError
+# The tests that ask vLLM's own SamplingParams are `slow`: importing vLLM (and torch) takes ~15 s
+# on this host, so they import it when they run, and make check never loads it.
+engine_test = pytest.mark.slow
+
+
+def _vllm() -> Any:
+    return pytest.importorskip("vllm")
 
 
 def _engine_accepts(name: str, value: object) -> bool:
+    vllm = _vllm()
+    VLLMValidationError = pytest.importorskip("vllm.exceptions").VLLMValidationError
     limit = SAMPLING_LIMITS.get(name)
     if limit is not None:
         name, value = limit.engine(value)  # the engine's own name and count of it
@@ -71,6 +79,7 @@ CASES = [
 ]
 
 
+@engine_test
 @pytest.mark.parametrize(
     ("limit", "bound", "side"), CASES, ids=[f"{c[0].name}-{c[2]}" for c in CASES]
 )
@@ -85,6 +94,7 @@ def test_each_bound_against_the_engine(limit: Limit, bound: Bound, side: str) ->
         assert bound.why, "a bound stricter than the engine's says why"
 
 
+@engine_test
 @pytest.mark.parametrize(
     "name", [n for n, limit in SAMPLING_LIMITS.items() if limit.min_nonzero is not None]
 )
@@ -94,7 +104,7 @@ def test_values_the_engine_would_silently_raise_are_refused(name: str) -> None:
     below = math.nextafter(floor, 0)
     assert _api_accepts(name, floor) and _engine_accepts(name, floor)
     assert not _api_accepts(name, below)
-    assert vllm.SamplingParams(**{name: below}).temperature == floor  # what it would do
+    assert _vllm().SamplingParams(**{name: below}).temperature == floor  # what it would do
     assert _api_accepts(name, 0.0) and _engine_accepts(name, 0.0)
 
 
@@ -115,11 +125,13 @@ def test_stop_strings_the_api_refuses(stop: object) -> None:
     assert not _api_accepts("stop", stop)
 
 
+@engine_test
 def test_empty_stop_strings_are_the_engines_rule() -> None:
     assert not _engine_accepts("stop", [""])
     assert not _engine_accepts("stop", "")
 
 
+@engine_test
 @pytest.mark.parametrize(
     "stop", ["END", ["a", "b"], "x" * STOP_MAX_CHARS, ["s"] * STOP_MAX_STRINGS]
 )
@@ -141,8 +153,10 @@ def test_thinking_budgets_the_api_refuses(value: object) -> None:
     assert not _api_accepts("thinking_budget", value)
 
 
+@engine_test
 def test_thinking_budget_counts_the_opening_tag_as_usage_does() -> None:
     # Ours counts <think> as usage.reasoning_tokens does; vLLM counts the tokens after it.
     assert SAMPLING_LIMITS["thinking_budget"].engine(16) == ("thinking_token_budget", 15)
+    vllm = _vllm()
     assert vllm.SamplingParams(thinking_token_budget=0).thinking_token_budget == 0
     assert vllm.SamplingParams(thinking_token_budget=-1).thinking_token_budget is None

@@ -15,6 +15,8 @@ import hashlib
 import hmac
 import re
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC
 from datetime import datetime
@@ -130,12 +132,17 @@ def issue_key(database_url: str, tenant: str, name: str = "") -> str:
 # --- the admin command (click: a Celery and Flask dependency already, so nothing new) --------
 
 
-def _sessions() -> orm.sessionmaker[orm.Session]:
+@contextmanager
+def _sessions() -> Iterator[orm.sessionmaker[orm.Session]]:
     from thinkbatch.db import make_engine
     from thinkbatch.db import make_sessionmaker
     from thinkbatch.settings import Settings
 
-    return make_sessionmaker(make_engine(Settings()))
+    engine = make_engine(Settings())
+    try:
+        yield make_sessionmaker(engine)
+    finally:
+        engine.dispose()  # a command may run in a process that lives on (the tests' CliRunner)
 
 
 @click.group(help="Manage API keys (DATABASE_URL names the database).")
@@ -147,7 +154,7 @@ def cli() -> None:
 @click.option("--tenant", required=True)
 @click.option("--name", default="", help="What the key is for.")
 def create(tenant: str, name: str) -> None:
-    with _sessions().begin() as session:
+    with _sessions() as sessions, sessions.begin() as session:
         try:
             key, info = create_key(session, tenant, name)
         except ValueError as error:
@@ -160,7 +167,7 @@ def create(tenant: str, name: str) -> None:
 @click.option("--tenant", default=None)
 @click.option("--all", "include_revoked", is_flag=True, help="Include revoked keys.")
 def list_command(tenant: str | None, include_revoked: bool) -> None:
-    with _sessions()() as session:
+    with _sessions() as sessions, sessions() as session:
         for info in list_keys(session, tenant, include_revoked=include_revoked):
             revoked = f"  revoked {info.revoked_at:%Y-%m-%d %H:%M}" if info.revoked_at else ""
             click.echo(
@@ -172,7 +179,7 @@ def list_command(tenant: str | None, include_revoked: bool) -> None:
 @cli.command(help="Revoke the key with PREFIX; it stops working on the next request.")
 @click.argument("prefix")
 def revoke(prefix: str) -> None:
-    with _sessions().begin() as session:
+    with _sessions() as sessions, sessions.begin() as session:
         info = revoke_key(session, prefix)
     if info is None:
         raise click.ClickException(f"no key with prefix {prefix!r}")
