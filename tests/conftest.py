@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import hypothesis
 import pytest
@@ -32,6 +33,19 @@ from tests.helpers import recreate_database
 from thinkbatch.db import migrate
 from thinkbatch.models import Base
 from thinkbatch.settings import Settings
+
+# `make check` runs the fast tier in two processes (pytest-xdist, one per core here). Each worker
+# process gets a database and a Redis database number of its own, set here before any fixture or
+# test reads them, so that tests written for one process need no change.
+_XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _XDIST_WORKER:
+    _n = int(_XDIST_WORKER.removeprefix("gw"))
+    _name = os.environ.get("TEST_DATABASE_NAME", "thinkbatch_test")
+    os.environ["TEST_DATABASE_NAME"] = f"{_name}_{_XDIST_WORKER}"
+    if _redis := os.environ.get("TEST_REDIS_URL"):
+        _url = urlsplit(_redis)
+        _db = (int(_url.path.strip("/") or 0) + 1 + _n) % 16  # Redis has databases 0-15
+        os.environ["TEST_REDIS_URL"] = _url._replace(path=f"/{_db}").geturl()
 
 # Emptied before each test, children first. DELETE, not TRUNCATE: a test leaves a few rows, and
 # TRUNCATE's new files per table cost ~0.1 s a test on this host against ~0.01 s for DELETE.
