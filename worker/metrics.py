@@ -22,10 +22,14 @@ from prometheus_client import Gauge
 from prometheus_client import Histogram
 from prometheus_client import Info
 from prometheus_client import start_http_server
+from prometheus_client.core import REGISTRY
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from thinkbatch.ledger import Done
 from thinkbatch.ledger import Failed
 from thinkbatch.settings import Settings
+from worker import stages
 
 if TYPE_CHECKING:
     from worker.runner import Runner
@@ -181,7 +185,36 @@ class WorkerMetrics:
         )
 
 
+class CpuCollector(Collector):
+    """CPU seconds by stage (worker/stages.py), by Python thread, and the process's
+    total, read when scraped."""
+
+    def collect(self) -> Any:
+        stage = CounterMetricFamily(
+            "thinkbatch_worker_stage_cpu_seconds",
+            "Thread CPU seconds spent in each stage of the items' way through this worker.",
+            labels=["stage"],
+        )
+        for name, seconds in stages.clock.snapshot().items():
+            stage.add_metric([name], seconds)
+        yield stage
+        thread = CounterMetricFamily(
+            "thinkbatch_worker_thread_cpu_seconds",
+            "CPU seconds of each live Python thread of this worker process, by name.",
+            labels=["thread"],
+        )
+        for name, seconds in stages.thread_cpu().items():
+            thread.add_metric([name], seconds)
+        yield thread
+        yield CounterMetricFamily(
+            "thinkbatch_worker_process_cpu_seconds",
+            "CPU seconds of this worker process, all its threads.",
+            value=time.process_time(),
+        )
+
+
 metrics = WorkerMetrics()
+REGISTRY.register(CpuCollector())
 
 
 def serve(settings: Settings, runner: Runner) -> Any:

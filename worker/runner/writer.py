@@ -34,6 +34,7 @@ from worker.runner.suspects import Suspects
 from worker.runner.window import Flight
 from worker.runner.window import InFlight
 from worker.runner.window import JobHandle
+from worker.stages import clock
 
 log = logging.getLogger(__name__)
 
@@ -188,9 +189,11 @@ class Writer:
                 return
 
     def persist(self, batch: list[Outcome]) -> None:
-        writes = sort_outcomes(
-            batch, think=self.engine.think, item_deadline_s=self.settings.item_deadline_s
-        )
+        with clock.measure("parse"):
+            writes = sort_outcomes(
+                batch, think=self.engine.think, item_deadline_s=self.settings.item_deadline_s
+            )
+        start = time.thread_time()
         stored: dict[str, Any] = {}  # what the fenced writes took, for the metrics
 
         def write() -> None:
@@ -227,3 +230,4 @@ class Writer:
         for handle in touched:
             handle.settled.set()
         self.inflight.wake.set()
+        clock.add("store", time.thread_time() - start)
