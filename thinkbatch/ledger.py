@@ -214,8 +214,18 @@ def has_suspects(conn: sa.Connection, job_id: uuid.UUID) -> bool:
     )
 
 
+# The fence of a worker's write: the item is still `running` under this owner and attempt. It is
+# one opaque expression on purpose: written as three conditions, the planner answers
+# `status = 'running'` from the partial index on running items, which under a fast churn of
+# claims and results holds tens of thousands of dead entries its statistics do not know about,
+# and then joins that scan against every row of the batch (a 500-row store took 0.5 s in
+# Postgres instead of 0.04 s). As one expression it looks each item up by its primary key.
+_FENCE = (
+    "(CASE WHEN i.status = 'running' AND i.lease_owner = :owner THEN i.attempts END) = v.attempt"
+)
+
 _COMPLETE = sa.text(
-    """
+    f"""
     WITH v AS (
         SELECT * FROM unnest(
             CAST(:item_ids AS bigint[]), CAST(:job_ids AS uuid[]), CAST(:attempts AS int[]),
@@ -229,8 +239,7 @@ _COMPLETE = sa.text(
             status = 'succeeded', finished_at = now(), lease_owner = NULL,
             lease_expires_at = NULL, error_code = NULL, error_message = NULL
         FROM v
-        WHERE i.id = v.item_id AND i.status = 'running' AND i.lease_owner = :owner
-          AND i.attempts = v.attempt
+        WHERE i.id = v.item_id AND {_FENCE}
         RETURNING i.id
     )
     INSERT INTO item_results (
@@ -241,7 +250,7 @@ _COMPLETE = sa.text(
     FROM v JOIN done ON done.id = v.item_id
     ON CONFLICT (item_id) DO NOTHING
     RETURNING item_id
-    """
+    """  # noqa: S608 - _FENCE is a constant
 )
 
 
@@ -286,8 +295,7 @@ _FAIL = sa.text(
     FROM unnest(CAST(:item_ids AS bigint[]), CAST(:attempts AS int[]), CAST(:codes AS text[]),
                 CAST(:messages AS text[]), CAST(:retryable AS bool[]))
          AS v(item_id, attempt, code, message, retryable), jobs AS j
-    WHERE i.id = v.item_id AND i.status = 'running' AND i.lease_owner = :owner
-      AND i.attempts = v.attempt AND j.id = i.job_id
+    WHERE i.id = v.item_id AND {_FENCE} AND j.id = i.job_id
     RETURNING i.id, i.status
     """  # noqa: S608 - RUNNABLE_SQL is made of enum constants
 )
@@ -330,14 +338,13 @@ def end_items(
     lock_jobs(conn, (job_id for _, job_id, _ in items))
     result = conn.execute(
         sa.text(
-            """
+            f"""
             UPDATE items AS i SET status = :status, finished_at = now(), lease_owner = NULL,
                 lease_expires_at = NULL, error_code = :code, error_message = :message
             FROM unnest(CAST(:item_ids AS bigint[]), CAST(:attempts AS int[]))
                  AS v(item_id, attempt)
-            WHERE i.id = v.item_id AND i.status = 'running' AND i.lease_owner = :owner
-              AND i.attempts = v.attempt
-            """
+            WHERE i.id = v.item_id AND {_FENCE}
+            """  # noqa: S608 - _FENCE is a constant
         ),
         {
             "status": status.value,
@@ -358,14 +365,13 @@ def release(conn: sa.Connection, owner: str, items: Sequence[tuple[int, uuid.UUI
     lock_jobs(conn, (job_id for _, job_id, _ in items))
     result = conn.execute(
         sa.text(
-            """
+            f"""
             UPDATE items AS i SET status = 'pending', attempts = greatest(i.attempts - 1, 0),
                 lease_owner = NULL, lease_expires_at = NULL
             FROM unnest(CAST(:item_ids AS bigint[]), CAST(:attempts AS int[]))
                  AS v(item_id, attempt)
-            WHERE i.id = v.item_id AND i.status = 'running' AND i.lease_owner = :owner
-              AND i.attempts = v.attempt
-            """
+            WHERE i.id = v.item_id AND {_FENCE}
+            """  # noqa: S608 - _FENCE is a constant
         ),
         {
             "owner": owner,

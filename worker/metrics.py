@@ -71,6 +71,8 @@ class WorkerMetrics:
             ["phase"],
             buckets=LATENCY_BUCKETS,
         )
+        # Bound once: a labels() lookup per item cost more than the observation.
+        self._phases = tuple(self.latency.labels(p) for p in ("engine", "queued", "total"))
         self.in_engine = Gauge(
             "thinkbatch_worker_items_in_engine", "Items handed to the engine, not yet back."
         )
@@ -128,10 +130,11 @@ class WorkerMetrics:
         """An item came out of the engine (the runner settles it)."""
         if kind != "done":
             return
-        self.latency.labels("engine").observe(engine_s)
+        engine, queued, total = self._phases
+        engine.observe(engine_s)
         if queued_s is not None:
-            self.latency.labels("queued").observe(queued_s)
-            self.latency.labels("total").observe(queued_s + engine_s)
+            queued.observe(queued_s)
+            total.observe(queued_s + engine_s)
 
     def stored(
         self,
@@ -142,12 +145,10 @@ class WorkerMetrics:
     ) -> None:
         """The writer stored a batch: count what the fenced writes accepted."""
         kept = [d for d in done if d.item_id in stored_done]
-        completion = 0
-        for d in kept:
-            self.tokens.labels("prompt").inc(d.prompt_tokens)
-            self.tokens.labels("completion").inc(d.completion_tokens)
-            self.tokens.labels("reasoning").inc(d.reasoning_tokens)
-            completion += d.completion_tokens
+        completion = sum(d.completion_tokens for d in kept)
+        self.tokens.labels("prompt").inc(sum(d.prompt_tokens for d in kept))
+        self.tokens.labels("completion").inc(completion)
+        self.tokens.labels("reasoning").inc(sum(d.reasoning_tokens for d in kept))
         self.succeeded.inc(len(kept))
         for f in failed:
             status = failed_status.get(f.item_id)
