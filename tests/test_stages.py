@@ -56,6 +56,20 @@ def test_timed_charges_the_first_step_to_submit_and_the_rest_to_output() -> None
     assert 0.02 <= cpu["output"] < 0.07
 
 
+def test_a_sample_counts_for_its_weight() -> None:
+    clock = StageClock()
+
+    async def request() -> None:
+        _burn(0.02)
+
+    asyncio.run(_await(Timed(request(), "submit", "output", clock, weight=4)))
+    assert 0.08 <= clock.snapshot()["submit"] < 0.3
+
+
+async def _await(awaitable: Timed) -> None:
+    await awaitable
+
+
 def test_timed_passes_errors_and_cancellation_through() -> None:
     clock = StageClock()
     seen: list[str] = []
@@ -89,16 +103,17 @@ def test_timed_passes_errors_and_cancellation_through() -> None:
 
 
 def test_thread_cpu_names_the_threads() -> None:
-    done = threading.Event()
+    burned, done = threading.Event(), threading.Event()
 
     def work() -> None:
         _burn(0.05)
+        burned.set()
         done.wait()
 
     thread = threading.Thread(target=work, name="writer")
     thread.start()
     try:
-        time.sleep(0.2)
+        assert burned.wait(30)
         cpu = thread_cpu()
         assert cpu["writer"] >= 0.05
         assert "MainThread" in cpu

@@ -232,15 +232,31 @@ class Claimer:
         outcomes: list[Outcome] = []
         items: list[Claimed] = []
         sampling: list[Sampling] = []
+        # Items without parameters of their own share the job's (immutable) sampling: resolved
+        # once per slice rather than once per item.
+        shared: Sampling | Exception | None = None
         for item in claimed:
             try:
-                sampling.append(
-                    resolve_sampling(
+                if item.params:
+                    own = resolve_sampling(
                         handle.params,
                         item.params,
                         default_max_tokens=self.settings.default_max_tokens,
                     )
-                )
+                else:
+                    if shared is None:
+                        try:
+                            shared = resolve_sampling(
+                                handle.params,
+                                None,
+                                default_max_tokens=self.settings.default_max_tokens,
+                            )
+                        except Exception as error:  # noqa: BLE001 - each item is refused below
+                            shared = error
+                    if isinstance(shared, Exception):
+                        raise shared
+                    own = shared
+                sampling.append(own)
                 items.append(item)
             except Exception as error:  # noqa: BLE001 - a stored value the worker cannot use
                 outcomes.append(

@@ -55,7 +55,7 @@ class AbortReason(enum.StrEnum):
     shutdown = "shutdown"  # this worker is stopping: handed back untouched
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: one per item (see ledger.Claimed)
 class Outcome:
     flight: Flight | None
     claimed: Claimed
