@@ -51,11 +51,13 @@ def encode(text: str) -> list[int]:
         if part in SPECIAL:
             ids.append(SPECIAL[part])
         elif part:
-            ids.extend(b + OFFSET for b in part.encode())
+            ids += [b + OFFSET for b in part.encode()]
     return ids
 
 
 def decode(ids: Sequence[int]) -> str:
+    if ids and min(ids) >= OFFSET:  # bytes only, no special token: the common case, in one go
+        return bytes([token - OFFSET for token in ids]).decode(errors="replace")
     out = bytearray()
     for token in ids:
         if token >= OFFSET:

@@ -150,6 +150,7 @@ class Writer:
         self.suspects = suspects
         self.dead = dead
         self._outcomes: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()
+        self._stored_at = 0.0  # when the last batch was stored (monotonic)
 
     def put(self, outcome: Outcome) -> None:
         self._outcomes.put(outcome)
@@ -168,11 +169,16 @@ class Writer:
             if first is None:
                 return
             batch = [first]
-            deadline = time.monotonic() + self.settings.write_interval_s
+            now = time.monotonic()
+            # The first result after a lull (a job's first, as a rule) is stored at once, with
+            # whatever came with it: a caller watching a new job sees results without waiting
+            # out the batching interval. Under a steady flow batches fill as before.
+            lull = now - self._stored_at >= self.settings.write_interval_s
+            deadline = now + self.settings.write_interval_s
             closing = False
             while len(batch) < self.settings.write_batch_max:
-                if self.inflight.count == 0 and self._outcomes.empty():
-                    break  # the engine is empty: nothing more is coming soon, so store it now
+                if (lull or self.inflight.count == 0) and self._outcomes.empty():
+                    break  # nothing more is coming soon (the engine is empty, or a lull): store now
                 timeout = deadline - time.monotonic()
                 if timeout <= 0:
                     break
@@ -185,6 +191,7 @@ class Writer:
                     break
                 batch.append(nxt)
             self.persist(batch)
+            self._stored_at = time.monotonic()
             if closing:
                 return
 
