@@ -8,8 +8,14 @@ prompts and sampling (`ignore_eos`, fixed `max_tokens`, greedy):
    from the submit until the job is `completed`.
 
 It prints items/s and output tokens/s of both, their ratio (system / raw), the overhead per item,
-the time to the first stored result and the rate of result rows written to Postgres. The same
-script runs on a GPU host with a real model: only the settings change.
+the time to the first stored result and the rate of result rows written to Postgres, at the
+default length (`--max-tokens`, 64) and at 16 tokens, in alternating rounds. Then the pipeline's
+ceiling: the job system with the fake engine at `step_s: 0` (tokens at no cost), 20,000 items x
+16 tokens, submit to `completed`. Last, the CPU per item of each part, by process (psutil, this
+benchmark's processes only) and, inside the worker, by stage and thread (its thread CPU clocks,
+served on its /metrics: worker/stages.py). Each figure is printed beside issue 13's target.
+`--only long,short,ceiling` runs some of the parts. The same script runs on a GPU host with a
+real model: only the settings change.
 """
 
 from __future__ import annotations
@@ -328,21 +334,26 @@ def write_capacity(database_url: str, n: int = 6000, batch: int = 500) -> float:
     settings = Settings(database_url=database_url)
     engine = sa.create_engine(database_url)
     spec = JobCreate.model_validate({"items": [{"prompt": f"p{k}"} for k in range(n)]})
+    owner = f"bench-{os.getpid()}-{time.time_ns()}"  # runs against the same database add up
     with orm.Session(engine) as session, session.begin():
         job_id = service.create_job(session, LOCAL, spec, settings).id
         session.execute(
-            sa.text("INSERT INTO workers (id, hostname, pid, model) VALUES ('bench', 'h', 0, 'm')")
+            sa.text("INSERT INTO workers (id, hostname, pid, model) VALUES (:id, 'h', 0, 'm')"),
+            {"id": owner},
         )
     with engine.begin() as conn:
-        claimed = ledger.claim(conn, job_id, owner="bench", n=n, lease_s=600)
+        claimed = ledger.claim(conn, job_id, owner=owner, n=n, lease_s=600)
     text = "Continuous batching keeps the engine busy. " * 6
     done = [ledger.Done(c.id, job_id, c.attempt, text, text, "length", False, 20, 64, 30)
             for c in claimed]  # fmt: skip
     started = time.perf_counter()
     for k in range(0, n, batch):
         with engine.begin() as conn:
-            ledger.complete(conn, "bench", done[k : k + batch])
+            ledger.complete(conn, owner, done[k : k + batch])
     elapsed = time.perf_counter() - started
+    with engine.begin() as conn:
+        ledger.finalize_jobs(conn, [job_id])
+        ledger.mark_stopped(conn, owner)
     engine.dispose()
     return n / elapsed
 
