@@ -21,7 +21,7 @@ check: install       ## the edit loop: unit and API tests, no real engine, no pr
 chaos: install       ## only the chaos suite, with its one-line-per-scenario summary
 	$(PY) -m pytest tests/chaos -m chaos
 
-bench: install       ## raw engine vs the job system, same run (ARGS=--profile, --rounds N, --items N)
+bench: install       ## raw engine vs the job system at 64 and 16 tokens, the fake-engine ceiling, CPU by stage (ARGS=--only ceiling, --profile, --rounds N, --items N)
 	$(PY) -m bench.throughput $(ARGS)
 
 bench-scale: install ## a 100,000-item job: submit, status, results

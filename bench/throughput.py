@@ -8,8 +8,14 @@ prompts and sampling (`ignore_eos`, fixed `max_tokens`, greedy):
    from the submit until the job is `completed`.
 
 It prints items/s and output tokens/s of both, their ratio (system / raw), the overhead per item,
-the time to the first stored result and the rate of result rows written to Postgres. The same
-script runs on a GPU host with a real model: only the settings change.
+the time to the first stored result and the rate of result rows written to Postgres, at the
+default length (`--max-tokens`, 64) and at 16 tokens, in alternating rounds. Then the pipeline's
+ceiling: the job system with the fake engine at `step_s: 0` (tokens at no cost), 20,000 items x
+16 tokens, submit to `completed`. Last, the CPU per item of each part, by process (psutil, this
+benchmark's processes only) and, inside the worker, by stage and thread (its thread CPU clocks,
+served on its /metrics: worker/stages.py). Each figure is printed beside issue 13's target.
+`--only long,short,ceiling` runs some of the parts. The same script runs on a GPU host with a
+real model: only the settings change.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import json
 import os
 import platform
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +53,8 @@ CPU_BENCH = {
     "THINKBATCH_CPU_KVCACHE_SPACE_GIB": "2",
     "THINKBATCH_MAX_MODEL_LEN": "512",
 }
+# The benchmark's database, whose Postgres backends count as its processes (set by main()).
+BENCH_DATABASE = ""
 
 
 def prompts(n: int, round_no: int = 0) -> list[dict[str, Any]]:
@@ -86,7 +95,6 @@ def serve_raw(n: int, max_tokens: int) -> None:
 
     settings = Settings()
     engine = VLLMEngine(settings)
-    params = {"ignore_eos": True, "max_tokens": max_tokens, "temperature": 0}
 
     async def main() -> None:
         await engine.start()
@@ -95,21 +103,23 @@ def serve_raw(n: int, max_tokens: int) -> None:
             line = await asyncio.to_thread(sys.stdin.readline)
             if not line.startswith("round "):
                 break
-            result = await one_round(int(line.split()[1]))
+            _, round_no, tokens = line.split()
+            result = await one_round(int(round_no), int(tokens))
             print(RAW_MARK + json.dumps(result), flush=True)
         await engine.shutdown()
 
-    async def one_round(round_no: int) -> dict[str, Any]:
+    async def one_round(round_no: int, tokens: int) -> dict[str, Any]:
+        params = {"ignore_eos": True, "max_tokens": tokens, "temperature": 0}
         items = [
             Claimed(k, uuid.uuid4(), k, p["custom_id"], p["messages"], None, None, 1, 0)
             for k, p in enumerate(prompts(n, round_no))
         ]
-        sampling = [resolve_sampling(params, None, default_max_tokens=max_tokens)] * n
+        sampling = [resolve_sampling(params, None, default_max_tokens=tokens)] * n
         prepared = engine.prepare(items, sampling)
         finished: list[float] = []
 
         async def one(k: int, p: Any) -> Any:
-            out = await engine.generate(f"raw-{round_no}-{k}", p)
+            out = await engine.generate(f"raw-{round_no}-{tokens}-{k}", p)
             finished.append(time.perf_counter())
             return out
 
@@ -149,9 +159,9 @@ class RawArm:
     def wait_ready(self) -> None:
         self._reply()
 
-    def round(self, round_no: int) -> dict[str, Any]:
+    def round(self, round_no: int, max_tokens: int) -> dict[str, Any]:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(f"round {round_no}\n")
+        self.proc.stdin.write(f"round {round_no} {max_tokens}\n")
         self.proc.stdin.flush()
         return json.loads(self._reply())
 
@@ -176,14 +186,28 @@ def _category(proc: Any) -> str:
     return "other"
 
 
+def _ours(proc: Any, descendants: set[int], database: str) -> bool:
+    """A process of this benchmark: one it started (API, workers, engines, its own Postgres and
+    Redis), or a backend of a shared Postgres serving its database. The host may be shared:
+    other people's processes are left out, and so are a shared Postgres's background
+    processes and a shared Redis, which serve everybody."""
+    if proc.pid in descendants:
+        return True
+    text = " ".join(proc.info["cmdline"] or [])
+    return text.startswith("postgres:") and f" {database} " in text
+
+
 def cpu_snapshot() -> dict[int, tuple[str, float]]:
-    """CPU seconds used so far by every process of the machine, with a category each."""
+    """CPU seconds used so far by every process of this benchmark, with a category each."""
     import psutil
 
+    me = psutil.Process()
+    descendants = {me.pid} | {p.pid for p in me.children(recursive=True)}
+    database = BENCH_DATABASE
     snapshot = {}
     for proc in psutil.process_iter(["name", "cmdline", "cpu_times"]):
         times = proc.info["cpu_times"]
-        if times is not None:
+        if times is not None and _ours(proc, descendants, database):
             snapshot[proc.pid] = (_category(proc), times.user + times.system)
     return snapshot
 
@@ -196,12 +220,22 @@ def cpu_used(before: dict[int, tuple[str, float]]) -> dict[str, float]:
     return used
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def start_system(
     stack: Stack, settings: Settings, profile: Path | None
-) -> tuple[httpx.Client, Any]:
-    """The job system arm: one API and one worker (and py-spy on the worker if asked)."""
+) -> tuple[httpx.Client, Any, int]:
+    """The job system arm: one API and one worker (and py-spy on the worker if asked). Returns
+    the client, py-spy's process and the worker's metrics port (its CPU by stage)."""
     api = stack.start_api(workers=2)
-    worker = stack.start_worker("worker", wait=False)
+    metrics_port = free_port()
+    worker = stack.start_worker(
+        "worker", env={"THINKBATCH_WORKER_METRICS_PORT": str(metrics_port)}, wait=False
+    )
     stack.wait_worker_ready(worker, **readiness_wait(settings))
     spy = None
     if profile is not None:  # sample the worker's Python stacks while the jobs run
@@ -221,25 +255,56 @@ def start_system(
         timeout=300,
         headers={"Authorization": f"Bearer {key}"},
     )
-    return client, spy
+    return client, spy, metrics_port
+
+
+_CPU_FAMILIES = {
+    "thinkbatch_worker_stage_cpu_seconds": "stage",
+    "thinkbatch_worker_thread_cpu_seconds": "thread",
+    "thinkbatch_worker_process_cpu_seconds": "process",
+}
+
+
+def worker_cpu(port: int) -> dict[str, float]:
+    """The worker's CPU seconds so far by stage, by thread and in all (its /metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        kind = _CPU_FAMILIES.get(family.name)
+        if kind is None:
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                label = sample.labels.get(kind, "")
+                out[f"{kind}:{label}" if label else kind] = sample.value
+    return out
 
 
 def system_round(
-    client: httpx.Client, db: sa.Engine, n: int, max_tokens: int, round_no: int
+    client: httpx.Client,
+    db: sa.Engine,
+    n: int,
+    max_tokens: int,
+    round_no: int,
+    metrics_port: int,
 ) -> dict[str, Any]:
     body = {
         "items": prompts(n, round_no),
         "params": {"ignore_eos": True, "max_tokens": max_tokens, "temperature": 0},
     }
     cpu_before = cpu_snapshot()
+    stages_before = worker_cpu(metrics_port)
     submitted = datetime.now(UTC)
     started = time.perf_counter()
     job = client.post("/v1/jobs", json=body).raise_for_status().json()
     submit_s = time.perf_counter() - started
     while job["status"] in ("queued", "running"):
-        time.sleep(0.5)  # the job's own finished_at is the end of the measurement
+        time.sleep(0.2)  # the job's own finished_at is the end of the measurement
         job = client.get(f"/v1/jobs/{job['id']}").raise_for_status().json()
     cpu = cpu_used(cpu_before)
+    stages_after = worker_cpu(metrics_port)
     if job["status"] != "completed" or job["counts"]["succeeded"] != n:
         raise RuntimeError(f"the benchmark job did not complete: {job}")
     with db.connect() as conn:
@@ -260,6 +325,7 @@ def system_round(
         "rows_per_second": n / max((last - first).total_seconds(), 1e-9),
         "output_tokens": job["usage"]["completion_tokens"],
         "cpu": cpu,
+        "stages": {k: v - stages_before.get(k, 0.0) for k, v in stages_after.items()},
     }
 
 
@@ -275,21 +341,26 @@ def write_capacity(database_url: str, n: int = 6000, batch: int = 500) -> float:
     settings = Settings(database_url=database_url)
     engine = sa.create_engine(database_url)
     spec = JobCreate.model_validate({"items": [{"prompt": f"p{k}"} for k in range(n)]})
+    owner = f"bench-{os.getpid()}-{time.time_ns()}"  # runs against the same database add up
     with orm.Session(engine) as session, session.begin():
         job_id = service.create_job(session, LOCAL, spec, settings).id
         session.execute(
-            sa.text("INSERT INTO workers (id, hostname, pid, model) VALUES ('bench', 'h', 0, 'm')")
+            sa.text("INSERT INTO workers (id, hostname, pid, model) VALUES (:id, 'h', 0, 'm')"),
+            {"id": owner},
         )
     with engine.begin() as conn:
-        claimed = ledger.claim(conn, job_id, owner="bench", n=n, lease_s=600)
+        claimed = ledger.claim(conn, job_id, owner=owner, n=n, lease_s=600)
     text = "Continuous batching keeps the engine busy. " * 6
     done = [ledger.Done(c.id, job_id, c.attempt, text, text, "length", False, 20, 64, 30)
             for c in claimed]  # fmt: skip
     started = time.perf_counter()
     for k in range(0, n, batch):
         with engine.begin() as conn:
-            ledger.complete(conn, "bench", done[k : k + batch])
+            ledger.complete(conn, owner, done[k : k + batch])
     elapsed = time.perf_counter() - started
+    with engine.begin() as conn:
+        ledger.finalize_jobs(conn, [job_id])
+        ledger.mark_stopped(conn, owner)
     engine.dispose()
     return n / elapsed
 
@@ -311,6 +382,141 @@ def median_round(results: list[dict[str, Any]]) -> dict[str, Any]:
     return sorted(results, key=lambda r: r["seconds"])[len(results) // 2]
 
 
+# The issue's targets (issue 13), printed next to each figure.
+TARGET_RATIO = {64: 0.97, 16: 0.95}
+TARGET_CEILING = 10_000.0
+TARGET_FIRST_RESULT_S = 0.3
+CEILING_ITEMS, CEILING_TOKENS, CEILING_ROUNDS = 20_000, 16, 3
+SHORT_TOKENS = 16
+STAGE_ORDER = ("claim", "prepare", "launch", "submit", "output", "settle", "parse", "store")
+RUNNER_THREADS = ("claimer", "engine-loop", "writer", "housekeeper")
+
+
+def stage_rows(system: dict[str, Any], n: int) -> list[tuple[str, float]]:
+    """Microseconds of CPU per item: the worker's stages, its threads and the process kinds."""
+    cpu: dict[str, float] = system["stages"]
+    per = 1e6 / n
+    rows = [(f"  {s}", cpu.get(f"stage:{s}", 0.0) * per) for s in STAGE_ORDER]
+    loop_stages = sum(cpu.get(f"stage:{s}", 0.0) for s in ("submit", "output", "settle"))
+    rows.append((
+        "  engine loop, rest (engine's output handler / fake engine steps, asyncio)",
+        (cpu.get("thread:engine-loop", 0.0) - loop_stages) * per,
+    ))  # fmt: skip
+    threads = {k[len("thread:") :]: v for k, v in cpu.items() if k.startswith("thread:")}
+    for name in RUNNER_THREADS:
+        rows.append((f"  thread {name}", threads.get(name, 0.0) * per))
+    others = sum(v for k, v in threads.items() if k not in RUNNER_THREADS)
+    rows.append(("  other Python threads (Celery task threads, metrics...)", others * per))
+    rows.append((
+        "  threads Python did not start (engine client's, torch's)",
+        (cpu.get("process", 0.0) - sum(threads.values())) * per,
+    ))  # fmt: skip
+    rows.append(("  worker process (its /metrics)", cpu.get("process", 0.0) * per))
+    by_kind: dict[str, float] = system["cpu"]
+    for kind in ("worker", "engine", "api", "postgres", "redis"):
+        rows.append((f"{kind} processes (psutil)", by_kind.get(kind, 0.0) * per))
+    return rows
+
+
+def print_stages(columns: list[tuple[str, dict[str, Any], int]]) -> None:
+    print(
+        "CPU per item (us), median round of each part; the worker's stages and threads from "
+        "its thread CPU clocks (/metrics), the processes from psutil:"
+    )
+    tables = [stage_rows(system, n) for _, system, n in columns]
+    width = max(len(label) for label, _ in tables[0])
+    print(f"{'':{width}} " + " ".join(f"{name:>10}" for name, _, _ in columns))
+    for i, (label, _) in enumerate(tables[0]):
+        print(f"{label:{width}} " + " ".join(f"{t[i][1]:10.1f}" for t in tables))
+
+
+def compare(
+    label: str,
+    n: int,
+    raw_rounds: list[dict[str, Any]],
+    system_rounds: list[dict[str, Any]],
+    order: str,
+    target: float,
+) -> None:
+    raw, system = median_round(raw_rounds), median_round(system_rounds)
+    print(f"-- {label} --")
+    print(
+        f"{'arm':12} {'items/s':>9} {'out tok/s':>10} {'seconds':>8}  "
+        f"(median; every round; {order})"
+    )
+    for name, arm, rounds in (
+        ("raw engine", raw, raw_rounds),
+        ("job system", system, system_rounds),
+    ):
+        secs = arm["seconds"]
+        each = " ".join(f"{r['seconds']:.2f}" for r in rounds)
+        print(
+            f"{name:12} {n / secs:9.1f} {arm['output_tokens'] / secs:10.0f} {secs:8.2f}  ({each})"
+        )
+    paired = [r["seconds"] / s["seconds"] for r, s in zip(raw_rounds, system_rounds, strict=True)]
+    ratio = sorted(paired)[len(paired) // 2]
+    print(
+        f"ratio (system / raw): median of rounds {ratio:.3f} (target >= {target:.2f}: "
+        f"{'met' if ratio >= target else 'NOT met'}); of the median rounds "
+        f"{raw['seconds'] / system['seconds']:.3f}; round by round: "
+        f"{' '.join(f'{x:.2f}' for x in paired)}"
+    )
+    print(f"overhead per item: {(system['seconds'] - raw['seconds']) / n * 1000:.2f} ms")
+    print(f"submit ({n} items over HTTP): {system['submit_seconds']:.2f} s")
+    gap = system["first_result_seconds"] - raw["first_result_seconds"]
+    print(
+        f"time to first stored result: {system['first_result_seconds']:.2f} s "
+        f"(raw engine's first output: {raw['first_result_seconds']:.2f} s; "
+        f"{gap:+.2f} s, target within {TARGET_FIRST_RESULT_S} s: "
+        f"{'met' if gap <= TARGET_FIRST_RESULT_S else 'NOT met'})"
+    )
+    print(
+        "job timeline from the submit: first claim {first_claim_seconds:.2f} s, first result "
+        "{first_result_seconds:.2f} s, last result {last_result_seconds:.2f} s, completed "
+        "{seconds:.2f} s".format(**system)
+    )
+    print(f"CPU seconds by process kind ({os.cpu_count()} cpus, median rounds):")
+    for name, arm in (("raw engine", raw), ("job system", system)):
+        cpu: dict[str, float] = arm["cpu"]
+        shown = ", ".join(f"{k} {v:.2f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]))
+        print(f"  {name}: {shown}")
+
+
+def ceiling_env(env: dict[str, str]) -> dict[str, str]:
+    """The pipeline alone: the fake engine, producing its tokens with no delay (`step_s: 0`)."""
+    return {
+        **env,
+        "THINKBATCH_ENGINE": "fake",
+        "THINKBATCH_ENGINE_EXTRA_ARGS": json.dumps({"step_s": 0}),
+    }
+
+
+def run_ceiling(
+    env: dict[str, str],
+    settings: Settings,
+    database_url: str,
+    logs: Path,
+    rounds: int,
+    profile: Path | None = None,
+) -> list[dict[str, Any]]:
+    stack = Stack(ceiling_env(env), logs)
+    spy = None
+    try:
+        client, spy, port = start_system(stack, settings, profile)
+        db = sa.create_engine(database_url)
+        results = [
+            system_round(client, db, CEILING_ITEMS, CEILING_TOKENS, 2000 + r, port)
+            for r in range(rounds)
+        ]
+        db.dispose()
+        return results
+    finally:
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(30)
+        stack.stop_all()
+
+
 def main() -> int:
     if "--speculative" in sys.argv[1:]:  # its own benchmark, with its own options
         from bench import speculative
@@ -321,6 +527,13 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument(
         "--rounds", type=int, default=5, help="runs of each arm; the medians are compared"
+    )
+    parser.add_argument(
+        "--only",
+        default="long,short,ceiling",
+        help="parts to run, comma-separated: long (--max-tokens, default 64), short "
+        f"({SHORT_TOKENS} tokens), ceiling (the fake engine at step_s 0, "
+        f"{CEILING_ITEMS:,} x {CEILING_TOKENS})",
     )
     parser.add_argument("--profile", action="store_true", help="py-spy the worker (needs py-spy)")
     parser.add_argument(
@@ -340,15 +553,25 @@ def main() -> int:
     if args.raw_only:  # child process of the raw arm
         serve_raw(args.items, args.max_tokens)
         return 0
+    parts = {p.strip() for p in args.only.split(",") if p.strip()}
+    if not parts or parts - {"long", "short", "ceiling"}:
+        parser.error("--only takes long, short and ceiling")
+    # The comparisons at each length (long first): tokens per item.
+    lengths = [t for part, t in (("long", args.max_tokens), ("short", SHORT_TOKENS))
+               if part in parts]  # fmt: skip
 
     tmp = Path(tempfile.mkdtemp(prefix="thinkbatch-bench-"))
     # Stops the local stack's processes and services on the way out (the `finally` below).
     teardown = ExitStack()
     local = teardown.enter_context(local_stack(tmp, database="bench", cpu_overrides=CPU_BENCH))
     settings, database_url, child_env = local.settings, local.database_url, local.stack.env
+    global BENCH_DATABASE
+    BENCH_DATABASE = sa.make_url(database_url).database or ""
 
-    print(f"benchmark: {args.items} items x {args.max_tokens} output tokens (ignore_eos), "
-          f"model {settings.model_name}, {args.rounds} rounds per arm", flush=True)  # fmt: skip
+    shown = " and ".join(f"{args.items} items x {t}" for t in lengths)
+    print(f"benchmark: {shown or 'no engine comparison'} output tokens (ignore_eos), "
+          f"model {settings.model_name}, {args.rounds} rounds per arm and length; "
+          f"ceiling: {'on' if 'ceiling' in parts else 'off'}", flush=True)  # fmt: skip
     print("engine: " + ", ".join(
         f"{k}={getattr(settings, k)}" for k in
         ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "enforce_eager",
@@ -363,85 +586,83 @@ def main() -> int:
     stack = local.stack
     raw_arm: RawArm | None = None
     spy = None
-    raw_rounds: list[dict[str, Any]] = []
-    system_rounds: list[dict[str, Any]] = []
+    # Rounds by length; each length's prompts are its own (no prefix cache shared).
+    raw_rounds: dict[int, list[dict[str, Any]]] = {t: [] for t in lengths}
+    system_rounds: dict[int, list[dict[str, Any]]] = {t: [] for t in lengths}
+    ceiling: list[dict[str, Any]] = []
+    capacity = None
     try:
-        try:
-            raw_arm = RawArm(child_env, args.items, args.max_tokens)
-            if sequential:
-                raw_arm.wait_ready()
-                raw_rounds = [raw_arm.round(r) for r in range(args.rounds)]
-                raw_arm.close()
-            client, spy = start_system(stack, settings, profile)
-            db = sa.create_engine(database_url)
-            if sequential:
-                system_rounds = [
-                    system_round(client, db, args.items, args.max_tokens, r)
-                    for r in range(args.rounds)
-                ]
-            else:
-                raw_arm.wait_ready()
+        if lengths:
+            try:
+                raw_arm = RawArm(child_env, args.items, args.max_tokens)
+                if sequential:
+                    raw_arm.wait_ready()
+                    for r in range(args.rounds):
+                        for t in lengths:
+                            raw_rounds[t].append(raw_arm.round(1000 * t + r, t))
+                    raw_arm.close()
+                client, spy, port = start_system(stack, settings, profile)
+                db = sa.create_engine(database_url)
+                if not sequential:
+                    raw_arm.wait_ready()
                 for r in range(args.rounds):  # interleaved: both arms see the same moments
-                    raw_rounds.append(raw_arm.round(r))
-                    system_rounds.append(system_round(client, db, args.items, args.max_tokens, r))
-            db.dispose()
-        finally:
-            if spy is not None:
-                spy.send_signal(signal.SIGINT)
-                spy.wait(30)
-            if raw_arm is not None:
-                raw_arm.close()
-            stack.stop_all()
-        # The writer's statement alone is measured with both engines stopped, on a quiet machine.
-        capacity = write_capacity(database_url)
+                    for t in lengths:
+                        if not sequential:
+                            raw_rounds[t].append(raw_arm.round(1000 * t + r, t))
+                        system_rounds[t].append(
+                            system_round(client, db, args.items, t, 1000 * t + r, port)
+                        )
+                db.dispose()
+            finally:
+                if spy is not None:
+                    spy.send_signal(signal.SIGINT)
+                    spy.wait(30)
+                if raw_arm is not None:
+                    raw_arm.close()
+                stack.stop_all()
+            # The writer's statement alone is measured with both engines stopped.
+            capacity = write_capacity(database_url)
+        if "ceiling" in parts:
+            # Profiled only when it is the only part (the engine arms' profile is the one asked).
+            ceiling = run_ceiling(
+                local.env, settings, database_url, tmp / "logs-ceiling", CEILING_ROUNDS,
+                profile if not lengths else None,
+            )  # fmt: skip
     finally:
         teardown.close()
 
     n = args.items
-    raw, system = median_round(raw_rounds), median_round(system_rounds)
     order = "one after the other" if sequential else "interleaved"
-    print(
-        f"{'arm':12} {'items/s':>9} {'out tok/s':>10} {'seconds':>8}  "
-        f"(median; every round; {order})"
-    )
-    for name, arm, rounds in (
-        ("raw engine", raw, raw_rounds),
-        ("job system", system, system_rounds),
-    ):
-        secs = arm["seconds"]
-        each = " ".join(f"{r['seconds']:.2f}" for r in rounds)
+    for t in lengths:
+        compare(
+            f"{n} items x {t} tokens", n, raw_rounds[t], system_rounds[t], order,
+            TARGET_RATIO.get(t, TARGET_RATIO[64]),
+        )  # fmt: skip
+    if ceiling:
+        best = median_round(ceiling)
+        rate = CEILING_ITEMS / best["seconds"]
+        each = " ".join(f"{CEILING_ITEMS / r['seconds']:,.0f}" for r in ceiling)
         print(
-            f"{name:12} {n / secs:9.1f} {arm['output_tokens'] / secs:10.0f} {secs:8.2f}  ({each})"
+            f"-- ceiling: fake engine (step_s 0), {CEILING_ITEMS:,} items x {CEILING_TOKENS} "
+            f"tokens, submit to completed --\n"
+            f"ceiling: {rate:,.0f} items/s (median of {len(ceiling)} rounds: {each}; target "
+            f">= {TARGET_CEILING:,.0f}: {'met' if rate >= TARGET_CEILING else 'NOT met'}); "
+            f"submit {best['submit_seconds']:.2f} s, first result "
+            f"{best['first_result_seconds']:.2f} s, completed {best['seconds']:.2f} s"
         )
-    paired = sorted(
-        r["seconds"] / s["seconds"] for r, s in zip(raw_rounds, system_rounds, strict=True)
-    )
-    print(
-        f"ratio (system / raw, medians): {raw['seconds'] / system['seconds']:.3f}; "
-        f"round by round: {' '.join(f'{x:.2f}' for x in paired)}"
-    )
-    print(f"overhead per item: {(system['seconds'] - raw['seconds']) / n * 1000:.2f} ms")
-    print(f"submit ({n} items over HTTP): {system['submit_seconds']:.2f} s")
-    print(
-        f"time to first stored result: {system['first_result_seconds']:.2f} s "
-        f"(raw engine's first output: {raw['first_result_seconds']:.2f} s)"
-    )
-    print(
-        "job timeline from the submit: first claim {first_claim_seconds:.2f} s, first result "
-        "{first_result_seconds:.2f} s, last result {last_result_seconds:.2f} s, completed "
-        "{seconds:.2f} s".format(**system)
-    )
-    print(f"CPU seconds by process kind ({os.cpu_count()} cpus, median rounds):")
-    for name, arm in (("raw engine", raw), ("job system", system)):
-        cpu: dict[str, float] = arm["cpu"]
-        shown = ", ".join(f"{k} {v:.2f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]))
-        print(f"  {name}: {shown}")
-    print(
-        f"result rows written to Postgres: {system['rows_per_second']:.0f} rows/s in this run "
-        f"(engine-bound); the writer's statement alone: {capacity:,.0f} rows/s"
-    )
+    columns = [(f"{t} tok", median_round(system_rounds[t]), n) for t in lengths]
+    if ceiling:
+        columns.append(("ceiling", median_round(ceiling), CEILING_ITEMS))
+    if columns:
+        print_stages(columns)
+    if capacity is not None:
+        rows = median_round(system_rounds[lengths[0]])["rows_per_second"]
+        print(
+            f"result rows written to Postgres: {rows:.0f} rows/s in this run "
+            f"(engine-bound); the writer's statement alone: {capacity:,.0f} rows/s"
+        )
     if profile is not None and profile.exists():
-        print("worker profile (py-spy, share of samples by innermost frame):")
+        print(f"worker profile (py-spy, {profile}), share of samples by innermost frame:")
         for share, frame in top_frames(profile):
             print(f"  {share:5.1f}%  {frame}")
     print(

@@ -59,6 +59,32 @@ def test_claims_never_overlap_and_complete_is_fenced(db: sa.Engine, settings: Se
         assert set(answers) == {"answer"}
 
 
+def test_complete_stores_the_text_as_generated(db: sa.Engine, settings: Settings) -> None:
+    """The batch travels as one JSON document: every character survives it (NUL, which
+    Postgres text cannot hold, is dropped), and so do the counts and the flag."""
+    job_id = seed_job(db, settings, n=2)
+    register(db, "w1")
+    items = claim(db, job_id, "w1", 2)
+    thinking = 'quotes " \\ back\\slash, tab\t, new\nline, \u00e9\u4e2d\U0001f600 and a NUL \x00.'
+    answer = "\x01 control, </think> and {json: [1]}"
+    done = [
+        ledger.Done(i.id, i.job_id, i.attempt, thinking, answer, "length", True, 5, 7, 2)
+        for i in items
+    ]
+    with db.begin() as conn:
+        assert ledger.complete(conn, "w1", done) == {i.id for i in items}
+    with db.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT thinking, answer, finish_reason, thinking_truncated, prompt_tokens,"
+                " completion_tokens, reasoning_tokens, attempt, worker_id FROM item_results"
+            )
+        ).all()
+    assert [tuple(r) for r in rows] == [
+        (thinking.replace("\x00", ""), answer, "length", True, 5, 7, 2, 1, "w1")
+    ] * 2
+
+
 def test_concurrent_claims_from_many_threads(db: sa.Engine, settings: Settings) -> None:
     job_id = seed_job(db, settings, n=300)
     owners = [f"w{k}" for k in range(6)]

@@ -1,24 +1,29 @@
 """The runner's parts that need neither a database nor an engine: fair share, the writer's
-sorting of outcomes (kinds and abort reasons as enums), and the crash suspects."""
+sorting of outcomes (kinds and abort reasons as enums) and its batching, and the crash
+suspects."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 from thinkbatch.ledger import Claimed
 from thinkbatch.ledger import Failed
 from thinkbatch.models import ItemStatus
 from thinkbatch.sampling import Sampling
+from thinkbatch.settings import Settings
 from worker.engine import Generation
 from worker.engine import Prepared
 from worker.engine import ThinkTokens
 from worker.runner.fairness import pick
 from worker.runner.suspects import Suspects
 from worker.runner.window import Flight
+from worker.runner.window import InFlight
 from worker.runner.window import JobHandle
 from worker.runner.writer import AbortReason
 from worker.runner.writer import Outcome
 from worker.runner.writer import OutcomeKind
+from worker.runner.writer import Writer
 from worker.runner.writer import sort_outcomes
 
 THINK = ThinkTokens(start_id=1, end_id=2, turn_start_id=None)
@@ -89,3 +94,46 @@ def test_suspects_wait_per_job_and_hold_the_engine_while_they_run() -> None:
     assert suspects.running
     suspects.left(1)
     assert not suspects.running
+
+
+class _Recording(Writer):
+    """The writer's batching, with its fenced transaction replaced by a record of the batch."""
+
+    def __init__(self, settings: Settings, inflight: InFlight) -> None:
+        super().__init__(
+            settings,
+            None,
+            "w",
+            None,
+            inflight,
+            Suspects(),
+            threading.Event(),  # type: ignore[arg-type]
+        )
+        self.batches: list[list[int]] = []
+        self.stored = threading.Event()
+
+    def persist(self, batch: list[Outcome]) -> None:
+        self.batches.append([o.claimed.id for o in batch])
+        self.stored.set()
+
+
+def test_the_writer_stores_the_first_result_after_a_lull_at_once_then_batches() -> None:
+    owner = handle()
+    inflight = InFlight(8)
+    inflight.add(owner, 5)  # the engine is busy: more results are coming
+    writer = _Recording(Settings(write_interval_s=30, write_batch_max=1000), inflight)
+    thread = threading.Thread(target=writer.run, daemon=True)
+    thread.start()
+
+    def outcome(k: int) -> Outcome:
+        return Outcome(None, claimed(k, owner.job_id), owner, OutcomeKind.error, code="c")
+
+    writer.put(outcome(1))
+    # Not after WRITE_INTERVAL_S (30 s): the first result after a lull is stored at once.
+    assert writer.stored.wait(10)
+    writer.put(outcome(2))
+    writer.put(outcome(3))
+    writer.finish()  # right after a store no lull: these wait to be batched, until the finish
+    thread.join(10)
+    assert not thread.is_alive()
+    assert writer.batches == [[1], [2, 3]]

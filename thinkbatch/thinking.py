@@ -25,7 +25,7 @@ THINK_START = "<think>"
 THINK_END = "</think>"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per item (see ledger.Claimed)
 class ThinkingSplit:
     thinking: str
     answer: str

@@ -42,7 +42,7 @@ class Prepared:
     native: Any = None  # the engine's own request parameters, prebuilt
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per item (see ledger.Claimed)
 class Generation:
     token_ids: list[int]
     text: str

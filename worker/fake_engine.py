@@ -51,11 +51,13 @@ def encode(text: str) -> list[int]:
         if part in SPECIAL:
             ids.append(SPECIAL[part])
         elif part:
-            ids.extend(b + OFFSET for b in part.encode())
+            ids += [b + OFFSET for b in part.encode()]
     return ids
 
 
 def decode(ids: Sequence[int]) -> str:
+    if ids and min(ids) >= OFFSET:  # bytes only, no special token: the common case, in one go
+        return bytes([token - OFFSET for token in ids]).decode(errors="replace")
     out = bytearray()
     for token in ids:
         if token >= OFFSET:
@@ -92,6 +94,10 @@ class FakeEngine:
         self._running: list[_Seq] = []
         self._dead = False
         self._loop_task: asyncio.Task[None] | None = None
+        # Set when a request arrives: an idle engine waits on it instead of stepping. At
+        # `step_s: 0` an idle engine that kept stepping would spin on the worker's event loop
+        # and take the GIL from the threads that feed it (vLLM's engine runs in its own process).
+        self._work = asyncio.Event()
 
     async def start(self) -> None:
         self._loop_task = asyncio.get_running_loop().create_task(self._steps())
@@ -138,8 +144,7 @@ class FakeEngine:
         if any(s == "" for s in params.stop):
             raise ValueError("stop cannot contain an empty string.")
 
-    def _output(self, prepared: Prepared) -> tuple[list[int], str]:
-        prompt = decode(prepared.prompt_ids)
+    def _output(self, prepared: Prepared, prompt: str) -> tuple[list[int], str]:
         question = prompt.rsplit("user\n", 1)[-1].split("\nassistant\n")[0]
         snippet = " ".join(question.split())[:40]
         answer = f"Answer: {snippet[::-1]}"
@@ -181,10 +186,11 @@ class FakeEngine:
             raise RuntimeError("injected failure")
         if "[[fail-submit]]" in prompt:
             raise ItemRejected("invalid_request", "injected refusal of the request")
-        ids, finish = self._output(prepared)
+        ids, finish = self._output(prepared, prompt)
         steps = float("inf") if "[[hang]]" in prompt else len(ids)
         seq = _Seq(remaining=steps, future=asyncio.get_running_loop().create_future())
         self._waiting.append(seq)
+        self._work.set()
         await seq.future
         return Generation(
             token_ids=ids,
@@ -203,6 +209,9 @@ class FakeEngine:
 
     async def _steps(self) -> None:
         while True:
+            if not self._waiting and not self._running:
+                self._work.clear()
+                await self._work.wait()
             await asyncio.sleep(self.step_s)
             free = self.settings.max_num_seqs - len(self._running)
             if free > 0 and self._waiting:

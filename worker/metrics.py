@@ -22,10 +22,14 @@ from prometheus_client import Gauge
 from prometheus_client import Histogram
 from prometheus_client import Info
 from prometheus_client import start_http_server
+from prometheus_client.core import REGISTRY
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from thinkbatch.ledger import Done
 from thinkbatch.ledger import Failed
 from thinkbatch.settings import Settings
+from worker import stages
 
 if TYPE_CHECKING:
     from worker.runner import Runner
@@ -67,6 +71,8 @@ class WorkerMetrics:
             ["phase"],
             buckets=LATENCY_BUCKETS,
         )
+        # Bound once: a labels() lookup per item cost more than the observation.
+        self._phases = tuple(self.latency.labels(p) for p in ("engine", "queued", "total"))
         self.in_engine = Gauge(
             "thinkbatch_worker_items_in_engine", "Items handed to the engine, not yet back."
         )
@@ -124,10 +130,11 @@ class WorkerMetrics:
         """An item came out of the engine (the runner settles it)."""
         if kind != "done":
             return
-        self.latency.labels("engine").observe(engine_s)
+        engine, queued, total = self._phases
+        engine.observe(engine_s)
         if queued_s is not None:
-            self.latency.labels("queued").observe(queued_s)
-            self.latency.labels("total").observe(queued_s + engine_s)
+            queued.observe(queued_s)
+            total.observe(queued_s + engine_s)
 
     def stored(
         self,
@@ -138,12 +145,10 @@ class WorkerMetrics:
     ) -> None:
         """The writer stored a batch: count what the fenced writes accepted."""
         kept = [d for d in done if d.item_id in stored_done]
-        completion = 0
-        for d in kept:
-            self.tokens.labels("prompt").inc(d.prompt_tokens)
-            self.tokens.labels("completion").inc(d.completion_tokens)
-            self.tokens.labels("reasoning").inc(d.reasoning_tokens)
-            completion += d.completion_tokens
+        completion = sum(d.completion_tokens for d in kept)
+        self.tokens.labels("prompt").inc(sum(d.prompt_tokens for d in kept))
+        self.tokens.labels("completion").inc(completion)
+        self.tokens.labels("reasoning").inc(sum(d.reasoning_tokens for d in kept))
         self.succeeded.inc(len(kept))
         for f in failed:
             status = failed_status.get(f.item_id)
@@ -181,7 +186,36 @@ class WorkerMetrics:
         )
 
 
+class CpuCollector(Collector):
+    """CPU seconds by stage (worker/stages.py), by Python thread, and the process's
+    total, read when scraped."""
+
+    def collect(self) -> Any:
+        stage = CounterMetricFamily(
+            "thinkbatch_worker_stage_cpu_seconds",
+            "Thread CPU seconds spent in each stage of the items' way through this worker.",
+            labels=["stage"],
+        )
+        for name, seconds in stages.clock.snapshot().items():
+            stage.add_metric([name], seconds)
+        yield stage
+        thread = CounterMetricFamily(
+            "thinkbatch_worker_thread_cpu_seconds",
+            "CPU seconds of each live Python thread of this worker process, by name.",
+            labels=["thread"],
+        )
+        for name, seconds in stages.thread_cpu().items():
+            thread.add_metric([name], seconds)
+        yield thread
+        yield CounterMetricFamily(
+            "thinkbatch_worker_process_cpu_seconds",
+            "CPU seconds of this worker process, all its threads.",
+            value=time.process_time(),
+        )
+
+
 metrics = WorkerMetrics()
+REGISTRY.register(CpuCollector())
 
 
 def serve(settings: Settings, runner: Runner) -> Any:

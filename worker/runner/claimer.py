@@ -32,6 +32,7 @@ from worker.runner.writer import AbortReason
 from worker.runner.writer import Outcome
 from worker.runner.writer import OutcomeKind
 from worker.runner.writer import Writer
+from worker.stages import clock
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,8 @@ class Claimer:
                     self.suspects.flag(handle, ledger.has_suspects(conn, handle.job_id))
                 return items
 
-        claimed = retry_transient(claim, should_stop=self.stopping.is_set)
+        with clock.measure("claim"):
+            claimed = retry_transient(claim, should_stop=self.stopping.is_set)
         if not claimed:
             if suspects:
                 self.suspects.flag(handle, False)
@@ -192,11 +194,12 @@ class Claimer:
         """Every claimed item ends in exactly one place: the engine, or an outcome for the
         writer. An item that ended in neither would stay `running` for good, and with it its
         job, a cancel of that job, and the task thread waiting for the job to settle."""
+        start = time.thread_time()
         try:
-            flights, outcomes = self.build(handle, claimed, suspects)
+            flights, outcomes, prepare_s = self.build(handle, claimed, suspects)
         except Exception as error:  # a defect here is not the items' fault
             log.exception("could not prepare %d item(s); they are retried", len(claimed))
-            flights = []
+            flights, prepare_s = [], 0.0
             outcomes = [
                 Outcome(None, c, handle, OutcomeKind.error, code="worker_error",
                         message=repr(error))
@@ -218,31 +221,52 @@ class Claimer:
             self.engine_loop.launch(flights)
         elif reserved:
             self.inflight.wake.set()  # window room came back without a launch: claim again
+        clock.add("launch", time.thread_time() - start - prepare_s)
 
     def build(
         self, handle: JobHandle, claimed: list[Claimed], suspects: bool
-    ) -> tuple[list[Flight], list[Outcome]]:
+    ) -> tuple[list[Flight], list[Outcome], float]:
         """Resolve sampling, render, tokenize and build the engine's parameters: flights for
-        the items that are ready, outcomes for the ones that are not."""
+        the items that are ready, outcomes for the ones that are not, and the CPU seconds the
+        render and tokenize took (the `prepare` stage)."""
         outcomes: list[Outcome] = []
         items: list[Claimed] = []
         sampling: list[Sampling] = []
+        # Items without parameters of their own share the job's (immutable) sampling: resolved
+        # once per slice rather than once per item.
+        shared: Sampling | Exception | None = None
         for item in claimed:
             try:
-                sampling.append(
-                    resolve_sampling(
+                if item.params:
+                    own = resolve_sampling(
                         handle.params,
                         item.params,
                         default_max_tokens=self.settings.default_max_tokens,
                     )
-                )
+                else:
+                    if shared is None:
+                        try:
+                            shared = resolve_sampling(
+                                handle.params,
+                                None,
+                                default_max_tokens=self.settings.default_max_tokens,
+                            )
+                        except Exception as error:  # noqa: BLE001 - each item is refused below
+                            shared = error
+                    if isinstance(shared, Exception):
+                        raise shared
+                    own = shared
+                sampling.append(own)
                 items.append(item)
             except Exception as error:  # noqa: BLE001 - a stored value the worker cannot use
                 outcomes.append(
                     Outcome(None, item, handle, OutcomeKind.rejected, code="invalid_request",
                             message=f"invalid sampling parameters: {_message(error)}")
                 )  # fmt: skip
+        start = time.thread_time()
         prepared = self.prepare(items, sampling)
+        prepare_s = time.thread_time() - start
+        clock.add("prepare", prepare_s)
         # An item that fails alone while a batch-mate gets through is the cause: it fails now.
         # When every item fails, the cause may as well be ours (a broken tokenizer): each is
         # retried, with an attempt counted, so a worker fault costs nobody their result and an
@@ -267,7 +291,7 @@ class Claimer:
                     Flight(claimed=item, prepared=ready, handle=handle, started=now,
                            quarantined=suspects)
                 )  # fmt: skip
-        return flights, outcomes
+        return flights, outcomes, prepare_s
 
     def prepare(
         self, items: list[Claimed], sampling: list[Sampling]

@@ -23,6 +23,9 @@ from worker.runner.writer import AbortReason
 from worker.runner.writer import Outcome
 from worker.runner.writer import OutcomeKind
 from worker.runner.writer import Writer
+from worker.stages import SAMPLE_EVERY
+from worker.stages import Timed
+from worker.stages import clock
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,7 @@ class EngineLoop:
         self.on_death = on_death
         self.loop = asyncio.new_event_loop()
         self._flights: set[Flight] = set()  # touched on the loop's thread only
+        self._launched = 0  # flights so far: every SAMPLE_EVERY-th has its stages timed
         self.thread = threading.Thread(
             target=self.loop.run_forever, name="engine-loop", daemon=True
         )
@@ -77,10 +81,14 @@ class EngineLoop:
     # --- on the loop ----------------------------------------------------------------------------
 
     def _launch(self, flights: list[Flight]) -> None:
+        start = time.thread_time()
         for flight in flights:
             self._flights.add(flight)
+            self._launched += 1
+            flight.sampled = self._launched % SAMPLE_EVERY == 0
             flight.task = self.loop.create_task(self._run(flight))
             flight.task.add_done_callback(functools.partial(self._unstarted, flight))
+        clock.add("submit", time.thread_time() - start)
 
     def _unstarted(self, flight: Flight, _task: object = None) -> None:
         """A task cancelled before its first step never enters _run's handlers: settle its
@@ -98,7 +106,13 @@ class EngineLoop:
         item = flight.claimed
         request_id = f"{item.id}-{item.attempt}"
         try:
-            generation = await self.engine.generate(request_id, flight.prepared)
+            request = self.engine.generate(request_id, flight.prepared)
+            if flight.sampled:
+                # The request's first step (into the engine) is `submit`; its later ones
+                # (taking its output, decoding it) are `output`.
+                generation = await Timed(request, "submit", "output", weight=SAMPLE_EVERY)
+            else:
+                generation = await request
             outcome = Outcome(flight, item, flight.handle, OutcomeKind.done, generation=generation)
         except asyncio.CancelledError:
             outcome = self._aborted(flight)
@@ -125,6 +139,7 @@ class EngineLoop:
         self._settle(flight, outcome)
 
     def _settle(self, flight: Flight, outcome: Outcome) -> None:
+        start = time.thread_time() if flight.sampled else 0.0
         self._flights.discard(flight)
         engine_s = time.monotonic() - flight.started
         created = flight.handle.created_at
@@ -133,6 +148,8 @@ class EngineLoop:
         self.inflight.add(flight.handle, -1)
         self.writer.put(outcome)
         self.inflight.wake.set()
+        if flight.sampled:
+            clock.add("settle", (time.thread_time() - start) * SAMPLE_EVERY)
 
     def _abort_where(self, predicate: Callable[[Flight], bool], reason: AbortReason) -> None:
         for flight in list(self._flights):

@@ -58,6 +58,7 @@ class Flight:
     handle: JobHandle
     started: float
     quarantined: bool = False
+    sampled: bool = False  # its per-item stages are timed (worker/stages.py)
     task: asyncio.Task[None] | None = None
     abort_reason: AbortReason | None = None  # set once it is being aborted
 

@@ -34,6 +34,7 @@ from worker.runner.suspects import Suspects
 from worker.runner.window import Flight
 from worker.runner.window import InFlight
 from worker.runner.window import JobHandle
+from worker.stages import clock
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class AbortReason(enum.StrEnum):
     shutdown = "shutdown"  # this worker is stopping: handed back untouched
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: one per item (see ledger.Claimed)
 class Outcome:
     flight: Flight | None
     claimed: Claimed
@@ -149,6 +150,7 @@ class Writer:
         self.suspects = suspects
         self.dead = dead
         self._outcomes: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()
+        self._stored_at = 0.0  # when the last batch was stored (monotonic)
 
     def put(self, outcome: Outcome) -> None:
         self._outcomes.put(outcome)
@@ -167,11 +169,16 @@ class Writer:
             if first is None:
                 return
             batch = [first]
-            deadline = time.monotonic() + self.settings.write_interval_s
+            now = time.monotonic()
+            # The first result after a lull (a job's first, as a rule) is stored at once, with
+            # whatever came with it: a caller watching a new job sees results without waiting
+            # out the batching interval. Under a steady flow batches fill as before.
+            lull = now - self._stored_at >= self.settings.write_interval_s
+            deadline = now + self.settings.write_interval_s
             closing = False
             while len(batch) < self.settings.write_batch_max:
-                if self.inflight.count == 0 and self._outcomes.empty():
-                    break  # the engine is empty: nothing more is coming soon, so store it now
+                if (lull or self.inflight.count == 0) and self._outcomes.empty():
+                    break  # nothing more is coming soon (the engine is empty, or a lull): store now
                 timeout = deadline - time.monotonic()
                 if timeout <= 0:
                     break
@@ -184,13 +191,16 @@ class Writer:
                     break
                 batch.append(nxt)
             self.persist(batch)
+            self._stored_at = time.monotonic()
             if closing:
                 return
 
     def persist(self, batch: list[Outcome]) -> None:
-        writes = sort_outcomes(
-            batch, think=self.engine.think, item_deadline_s=self.settings.item_deadline_s
-        )
+        with clock.measure("parse"):
+            writes = sort_outcomes(
+                batch, think=self.engine.think, item_deadline_s=self.settings.item_deadline_s
+            )
+        start = time.thread_time()
         stored: dict[str, Any] = {}  # what the fenced writes took, for the metrics
 
         def write() -> None:
@@ -227,3 +237,4 @@ class Writer:
         for handle in touched:
             handle.settled.set()
         self.inflight.wake.set()
+        clock.add("store", time.thread_time() - start)
