@@ -16,7 +16,8 @@ test: install        ## every test: unit, API, end to end with vLLM, chaos
 	$(PY) -m pytest
 
 check: install       ## the edit loop: unit and API tests, no real engine, no process stacks
-	$(PY) -m pytest -q -m "not e2e and not chaos and not slow" --hypothesis-profile=check
+	$(PY) -m pytest -q -m "not e2e and not chaos and not slow" --hypothesis-profile=check \
+		-n auto --maxprocesses 4
 
 chaos: install       ## only the chaos suite, with its one-line-per-scenario summary
 	$(PY) -m pytest tests/chaos -m chaos
