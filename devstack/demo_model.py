@@ -35,6 +35,7 @@ def build_demo_model(env: Mapping[str, str] | None = None) -> Path:
         cwd=ROOT,
         env=None if env is None else dict(env),
         check=True,
+        stdout=subprocess.DEVNULL,  # its CLI prints the directory, which is returned here
     )
     return Path(DEFAULT_DIR).resolve()
 
