@@ -17,7 +17,7 @@ test: install        ## every test: unit, API, end to end with vLLM, chaos
 
 check: install       ## the edit loop: unit and API tests, no real engine, no process stacks
 	$(PY) -m pytest -q -m "not e2e and not chaos and not slow" --hypothesis-profile=check \
-		-n auto --maxprocesses 4
+		-n auto --maxprocesses 4 -W error::ResourceWarning
 
 chaos: install       ## only the chaos suite, with its one-line-per-scenario summary
 	$(PY) -m pytest tests/chaos -m chaos
