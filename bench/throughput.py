@@ -25,7 +25,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ import httpx
 import sqlalchemy as sa
 
 from devstack import local_stack
+from devstack.services import free_port
 from devstack.stack import ROOT
 from devstack.stack import Stack
 from devstack.stack import has_gpu
@@ -218,12 +218,6 @@ def cpu_used(before: dict[int, tuple[str, float]]) -> dict[str, float]:
         spent = seconds - before.get(pid, (category, 0.0))[1]
         used[category] = used.get(category, 0.0) + spent
     return used
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_system(
