@@ -5,13 +5,16 @@ make two copies of its objects."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
+import sys
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import sqlalchemy as sa
@@ -25,6 +28,25 @@ from thinkbatch.keys import create_key
 from thinkbatch.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_script(name: str) -> ModuleType:
+    """scripts/<name>.py, executed afresh as module `name` (registered in sys.modules, where
+    dataclasses look their module up). A script imports its siblings by bare name (lock.py:
+    `from install import ...`) as when run from scripts/, so scripts/ is on the path meanwhile."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    scripts = str(ROOT / "scripts")
+    sys.path.insert(0, scripts)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(scripts)
+    return module
+
+
 TENANT = "acme"  # the tenant of the `client` fixture and of tests.helpers.seed_job
 
 

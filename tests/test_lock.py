@@ -4,7 +4,6 @@ scripts/install.py install from."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -13,25 +12,13 @@ import sys
 import tomllib
 import urllib.request
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from tests.helpers import ROOT
-
-
-def _script(name: str) -> ModuleType:
-    # lock.py imports install.py as `install`, as it does when run from scripts/.
-    if name != "install" and "install" not in sys.modules:
-        _script("install")
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+from tests.helpers import load_script
 
 
 def _pinned(lock_path: Path, here: bool = False) -> dict[str, set[str]]:
@@ -54,7 +41,7 @@ def _pyproject() -> dict[str, dict[str, list[str]]]:
 
 
 def test_every_lock_exists_and_names_no_local_path_or_index() -> None:
-    lock = _script("lock")
+    lock = load_script("lock")
     for entry in lock.LOCKS:
         text = (ROOT / entry.path).read_text()
         # Built and installed on other machines: nothing of this one, and no index (pip's
@@ -65,7 +52,7 @@ def test_every_lock_exists_and_names_no_local_path_or_index() -> None:
 
 
 def test_each_lock_holds_every_exact_pin_of_its_extras_and_groups() -> None:
-    lock = _script("lock")
+    lock = load_script("lock")
     declared = _pyproject()
     checked = 0
     for entry in lock.LOCKS:
@@ -85,7 +72,7 @@ def test_each_lock_holds_every_exact_pin_of_its_extras_and_groups() -> None:
 
 
 def test_cpu_lock_leaves_out_what_fails_beside_the_cpu_torch() -> None:
-    install = _script("install")
+    install = load_script("install")
     pins = _pinned(ROOT / "locks/dev-cpu.txt")
     assert "==2.13.0+cpu" in pins["torch"]
     assert not set(install.CPU_CONFLICTS) & set(pins)
@@ -93,7 +80,7 @@ def test_cpu_lock_leaves_out_what_fails_beside_the_cpu_torch() -> None:
 
 
 def test_gpu_lock_cuda_agrees_with_the_driver_check_and_the_worker_image() -> None:
-    install = _script("install")
+    install = load_script("install")
     (toolkit,) = _pinned(ROOT / "locks/worker-gpu.txt")["cuda-toolkit"]
     assert int(toolkit.removeprefix("==").split(".")[0]) == install.GPU_CUDA_MAJOR
     base = re.search(r"FROM nvidia/cuda:(\d+)\.\S+ AS worker", (ROOT / "Dockerfile").read_text())
@@ -111,8 +98,8 @@ def test_dockerfile_installs_each_image_from_its_lock() -> None:
 
 
 def test_install_installs_from_the_lock_of_its_engine() -> None:
-    install = _script("install")
-    lock = _script("lock")
+    install = load_script("install")
+    lock = load_script("lock")
     by_path = {entry.path: entry for entry in lock.LOCKS}
     for engine in ("cpu", "gpu"):
         entry = by_path[str(install.lock_file(engine).relative_to(ROOT))]
@@ -148,7 +135,7 @@ def test_locks_are_current_with_pyproject() -> None:
 def test_universal_locks_hold_everything_this_machine_needs(tmp_path: Path) -> None:
     # uv takes one wheel's dependencies for all wheels of a version (locks/uv.toml): a universal
     # lock can then miss a package that a resolution for this machine alone includes.
-    lock = _script("lock")
+    lock = load_script("lock")
     universal = [entry for entry in lock.LOCKS if entry.python is None]
     assert len(universal) == 2
     for entry in universal:
