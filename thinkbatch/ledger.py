@@ -567,15 +567,8 @@ def cancel_job(conn: sa.Connection, job_id: uuid.UUID) -> tuple[bool, str] | Non
         return None
     if state.status not in RUNNABLE:
         return False, state.status
-    conn.execute(
-        sa.text(
-            "UPDATE items SET status = 'cancelled', finished_at = now(), error_code = 'cancelled', "
-            "error_message = 'the job was cancelled' WHERE job_id = :id AND status = 'pending'"
-        ),
-        {"id": job_id},
-    )
     conn.execute(sa.text("UPDATE jobs SET status = 'cancelling' WHERE id = :id"), {"id": job_id})
-    finalize_jobs(conn, [job_id])
+    _end_unclaimable(conn, [job_id])  # its pending items end now, as released ones will later
     status = conn.execute(sa.text("SELECT status FROM jobs WHERE id = :id"), {"id": job_id})
     return True, status.scalar_one()
 
