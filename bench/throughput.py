@@ -38,6 +38,10 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 
+from bench.cpu import cpu_snapshot
+from bench.cpu import cpu_used
+from bench.cpu import print_stages
+from bench.cpu import worker_cpu
 from devstack import local_stack
 from devstack.services import free_port
 from devstack.stack import ROOT
@@ -53,8 +57,6 @@ CPU_BENCH = {
     "THINKBATCH_CPU_KVCACHE_SPACE_GIB": "2",
     "THINKBATCH_MAX_MODEL_LEN": "512",
 }
-# The benchmark's database, whose Postgres backends count as its processes (set by main()).
-BENCH_DATABASE = ""
 
 
 def prompts(n: int, round_no: int = 0) -> list[dict[str, Any]]:
@@ -174,52 +176,6 @@ class RawArm:
             self.proc.kill()
 
 
-def _category(proc: Any) -> str:
-    text = " ".join(proc.info["cmdline"] or [proc.info["name"] or ""])
-    for needle, category in (
-        ("EngineCore", "engine"), ("VLLM::Worker", "engine"), ("celery", "worker"),
-        ("gunicorn", "api"), ("postgres", "postgres"), ("redis-server", "redis"),
-        ("--raw-only", "raw client"), ("bench.throughput", "bench"),
-    ):  # fmt: skip
-        if needle in text or needle in (proc.info["name"] or ""):
-            return category
-    return "other"
-
-
-def _ours(proc: Any, descendants: set[int], database: str) -> bool:
-    """A process of this benchmark: one it started (API, workers, engines, its own Postgres and
-    Redis), or a backend of a shared Postgres serving its database. The host may be shared:
-    other people's processes are left out, and so are a shared Postgres's background
-    processes and a shared Redis, which serve everybody."""
-    if proc.pid in descendants:
-        return True
-    text = " ".join(proc.info["cmdline"] or [])
-    return text.startswith("postgres:") and f" {database} " in text
-
-
-def cpu_snapshot() -> dict[int, tuple[str, float]]:
-    """CPU seconds used so far by every process of this benchmark, with a category each."""
-    import psutil
-
-    me = psutil.Process()
-    descendants = {me.pid} | {p.pid for p in me.children(recursive=True)}
-    database = BENCH_DATABASE
-    snapshot = {}
-    for proc in psutil.process_iter(["name", "cmdline", "cpu_times"]):
-        times = proc.info["cpu_times"]
-        if times is not None and _ours(proc, descendants, database):
-            snapshot[proc.pid] = (_category(proc), times.user + times.system)
-    return snapshot
-
-
-def cpu_used(before: dict[int, tuple[str, float]]) -> dict[str, float]:
-    used: dict[str, float] = {}
-    for pid, (category, seconds) in cpu_snapshot().items():
-        spent = seconds - before.get(pid, (category, 0.0))[1]
-        used[category] = used.get(category, 0.0) + spent
-    return used
-
-
 def start_system(
     stack: Stack, settings: Settings, profile: Path | None
 ) -> tuple[httpx.Client, Any, int]:
@@ -252,30 +208,6 @@ def start_system(
     return client, spy, metrics_port
 
 
-_CPU_FAMILIES = {
-    "thinkbatch_worker_stage_cpu_seconds": "stage",
-    "thinkbatch_worker_thread_cpu_seconds": "thread",
-    "thinkbatch_worker_process_cpu_seconds": "process",
-}
-
-
-def worker_cpu(port: int) -> dict[str, float]:
-    """The worker's CPU seconds so far by stage, by thread and in all (its /metrics)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        kind = _CPU_FAMILIES.get(family.name)
-        if kind is None:
-            continue
-        for sample in family.samples:
-            if sample.name.endswith("_total"):
-                label = sample.labels.get(kind, "")
-                out[f"{kind}:{label}" if label else kind] = sample.value
-    return out
-
-
 def system_round(
     client: httpx.Client,
     db: sa.Engine,
@@ -288,7 +220,8 @@ def system_round(
         "items": prompts(n, round_no),
         "params": {"ignore_eos": True, "max_tokens": max_tokens, "temperature": 0},
     }
-    cpu_before = cpu_snapshot()
+    database = db.url.database or ""
+    cpu_before = cpu_snapshot(database)
     stages_before = worker_cpu(metrics_port)
     submitted = datetime.now(UTC)
     started = time.perf_counter()
@@ -297,7 +230,7 @@ def system_round(
     while job["status"] in ("queued", "running"):
         time.sleep(0.2)  # the job's own finished_at is the end of the measurement
         job = client.get(f"/v1/jobs/{job['id']}").raise_for_status().json()
-    cpu = cpu_used(cpu_before)
+    cpu = cpu_used(cpu_before, database)
     stages_after = worker_cpu(metrics_port)
     if job["status"] != "completed" or job["counts"]["succeeded"] != n:
         raise RuntimeError(f"the benchmark job did not complete: {job}")
@@ -382,46 +315,6 @@ TARGET_CEILING = 10_000.0
 TARGET_FIRST_RESULT_S = 0.3
 CEILING_ITEMS, CEILING_TOKENS, CEILING_ROUNDS = 20_000, 16, 3
 SHORT_TOKENS = 16
-STAGE_ORDER = ("claim", "prepare", "launch", "submit", "output", "settle", "parse", "store")
-RUNNER_THREADS = ("claimer", "engine-loop", "writer", "housekeeper")
-
-
-def stage_rows(system: dict[str, Any], n: int) -> list[tuple[str, float]]:
-    """Microseconds of CPU per item: the worker's stages, its threads and the process kinds."""
-    cpu: dict[str, float] = system["stages"]
-    per = 1e6 / n
-    rows = [(f"  {s}", cpu.get(f"stage:{s}", 0.0) * per) for s in STAGE_ORDER]
-    loop_stages = sum(cpu.get(f"stage:{s}", 0.0) for s in ("submit", "output", "settle"))
-    rows.append((
-        "  engine loop, rest (engine's output handler / fake engine steps, asyncio)",
-        (cpu.get("thread:engine-loop", 0.0) - loop_stages) * per,
-    ))  # fmt: skip
-    threads = {k[len("thread:") :]: v for k, v in cpu.items() if k.startswith("thread:")}
-    for name in RUNNER_THREADS:
-        rows.append((f"  thread {name}", threads.get(name, 0.0) * per))
-    others = sum(v for k, v in threads.items() if k not in RUNNER_THREADS)
-    rows.append(("  other Python threads (Celery task threads, metrics...)", others * per))
-    rows.append((
-        "  threads Python did not start (engine client's, torch's)",
-        (cpu.get("process", 0.0) - sum(threads.values())) * per,
-    ))  # fmt: skip
-    rows.append(("  worker process (its /metrics)", cpu.get("process", 0.0) * per))
-    by_kind: dict[str, float] = system["cpu"]
-    for kind in ("worker", "engine", "api", "postgres", "redis"):
-        rows.append((f"{kind} processes (psutil)", by_kind.get(kind, 0.0) * per))
-    return rows
-
-
-def print_stages(columns: list[tuple[str, dict[str, Any], int]]) -> None:
-    print(
-        "CPU per item (us), median round of each part; the worker's stages and threads from "
-        "its thread CPU clocks (/metrics), the processes from psutil:"
-    )
-    tables = [stage_rows(system, n) for _, system, n in columns]
-    width = max(len(label) for label, _ in tables[0])
-    print(f"{'':{width}} " + " ".join(f"{name:>10}" for name, _, _ in columns))
-    for i, (label, _) in enumerate(tables[0]):
-        print(f"{label:{width}} " + " ".join(f"{t[i][1]:10.1f}" for t in tables))
 
 
 def compare(
@@ -559,8 +452,6 @@ def main() -> int:
     teardown = ExitStack()
     local = teardown.enter_context(local_stack(tmp, database="bench", cpu_overrides=CPU_BENCH))
     settings, database_url, child_env = local.settings, local.database_url, local.stack.env
-    global BENCH_DATABASE
-    BENCH_DATABASE = sa.make_url(database_url).database or ""
 
     shown = " and ".join(f"{args.items} items x {t}" for t in lengths)
     print(f"benchmark: {shown or 'no engine comparison'} output tokens (ignore_eos), "

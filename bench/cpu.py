@@ -1,0 +1,120 @@
+"""Where `make bench`'s CPU goes: by process kind (psutil, only this benchmark's processes) and,
+inside the worker, by stage and thread (the worker's own thread CPU clocks, on its /metrics)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+
+def _category(proc: Any) -> str:
+    text = " ".join(proc.info["cmdline"] or [proc.info["name"] or ""])
+    for needle, category in (
+        ("EngineCore", "engine"), ("VLLM::Worker", "engine"), ("celery", "worker"),
+        ("gunicorn", "api"), ("postgres", "postgres"), ("redis-server", "redis"),
+        ("--raw-only", "raw client"), ("bench.throughput", "bench"),
+    ):  # fmt: skip
+        if needle in text or needle in (proc.info["name"] or ""):
+            return category
+    return "other"
+
+
+def _ours(proc: Any, descendants: set[int], database: str) -> bool:
+    """A process of this benchmark: one it started (API, workers, engines, its own Postgres and
+    Redis), or a backend of a shared Postgres serving its database. The host may be shared:
+    other people's processes are left out, and so are a shared Postgres's background
+    processes and a shared Redis, which serve everybody."""
+    if proc.pid in descendants:
+        return True
+    text = " ".join(proc.info["cmdline"] or [])
+    return text.startswith("postgres:") and f" {database} " in text
+
+
+def cpu_snapshot(database: str = "") -> dict[int, tuple[str, float]]:
+    """CPU seconds used so far by every process of this benchmark, with a category each;
+    `database`: the benchmark's, whose backends on a shared Postgres count as its own."""
+    import psutil
+
+    me = psutil.Process()
+    descendants = {me.pid} | {p.pid for p in me.children(recursive=True)}
+    snapshot = {}
+    for proc in psutil.process_iter(["name", "cmdline", "cpu_times"]):
+        times = proc.info["cpu_times"]
+        if times is not None and _ours(proc, descendants, database):
+            snapshot[proc.pid] = (_category(proc), times.user + times.system)
+    return snapshot
+
+
+def cpu_used(before: dict[int, tuple[str, float]], database: str = "") -> dict[str, float]:
+    used: dict[str, float] = {}
+    for pid, (category, seconds) in cpu_snapshot(database).items():
+        spent = seconds - before.get(pid, (category, 0.0))[1]
+        used[category] = used.get(category, 0.0) + spent
+    return used
+
+
+_CPU_FAMILIES = {
+    "thinkbatch_worker_stage_cpu_seconds": "stage",
+    "thinkbatch_worker_thread_cpu_seconds": "thread",
+    "thinkbatch_worker_process_cpu_seconds": "process",
+}
+
+
+def worker_cpu(port: int) -> dict[str, float]:
+    """The worker's CPU seconds so far by stage, by thread and in all (its /metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        kind = _CPU_FAMILIES.get(family.name)
+        if kind is None:
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                label = sample.labels.get(kind, "")
+                out[f"{kind}:{label}" if label else kind] = sample.value
+    return out
+
+
+STAGE_ORDER = ("claim", "prepare", "launch", "submit", "output", "settle", "parse", "store")
+RUNNER_THREADS = ("claimer", "engine-loop", "writer", "housekeeper")
+
+
+def stage_rows(system: dict[str, Any], n: int) -> list[tuple[str, float]]:
+    """Microseconds of CPU per item: the worker's stages, its threads and the process kinds."""
+    cpu: dict[str, float] = system["stages"]
+    per = 1e6 / n
+    rows = [(f"  {s}", cpu.get(f"stage:{s}", 0.0) * per) for s in STAGE_ORDER]
+    loop_stages = sum(cpu.get(f"stage:{s}", 0.0) for s in ("submit", "output", "settle"))
+    rows.append((
+        "  engine loop, rest (engine's output handler / fake engine steps, asyncio)",
+        (cpu.get("thread:engine-loop", 0.0) - loop_stages) * per,
+    ))  # fmt: skip
+    threads = {k[len("thread:") :]: v for k, v in cpu.items() if k.startswith("thread:")}
+    for name in RUNNER_THREADS:
+        rows.append((f"  thread {name}", threads.get(name, 0.0) * per))
+    others = sum(v for k, v in threads.items() if k not in RUNNER_THREADS)
+    rows.append(("  other Python threads (Celery task threads, metrics...)", others * per))
+    rows.append((
+        "  threads Python did not start (engine client's, torch's)",
+        (cpu.get("process", 0.0) - sum(threads.values())) * per,
+    ))  # fmt: skip
+    rows.append(("  worker process (its /metrics)", cpu.get("process", 0.0) * per))
+    by_kind: dict[str, float] = system["cpu"]
+    for kind in ("worker", "engine", "api", "postgres", "redis"):
+        rows.append((f"{kind} processes (psutil)", by_kind.get(kind, 0.0) * per))
+    return rows
+
+
+def print_stages(columns: list[tuple[str, dict[str, Any], int]]) -> None:
+    print(
+        "CPU per item (us), median round of each part; the worker's stages and threads from "
+        "its thread CPU clocks (/metrics), the processes from psutil:"
+    )
+    tables = [stage_rows(system, n) for _, system, n in columns]
+    width = max(len(label) for label, _ in tables[0])
+    print(f"{'':{width}} " + " ".join(f"{name:>10}" for name, _, _ in columns))
+    for i, (label, _) in enumerate(tables[0]):
+        print(f"{label:{width}} " + " ".join(f"{t[i][1]:10.1f}" for t in tables))
