@@ -89,6 +89,7 @@ def serve_raw(n: int, max_tokens: int) -> None:
     runs a round for each `round R` line on stdin, so that the parent can interleave the arms
     and both see the same moments of a noisy host."""
     import asyncio
+    import gc
     import uuid
 
     from thinkbatch.ledger import Claimed
@@ -100,6 +101,10 @@ def serve_raw(n: int, max_tokens: int) -> None:
 
     async def main() -> None:
         await engine.start()
+        # As the worker does once it is ready (worker/lifecycle.py), and `vllm serve` after
+        # its start-up: the arms differ only by the job system.
+        gc.collect()
+        gc.freeze()
         print(RAW_MARK + "ready", flush=True)
         while True:
             line = await asyncio.to_thread(sys.stdin.readline)
