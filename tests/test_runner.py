@@ -242,25 +242,35 @@ def test_graceful_shutdown_releases_items(harness: Harness) -> None:
 
 
 def test_a_big_claim_is_rendered_and_launched_in_slices(harness: Harness) -> None:
-    runner = harness.runner()
+    # 64 sequences: a window of 128 items, launched 16 at a time.
+    runner = harness.runner(max_num_seqs=64)
+    claims: list[int] = []
     sizes: list[int] = []
-    prepare = runner.engine.prepare
+    prepare, claim_into = runner.engine.prepare, runner.claimer.claim_into
 
     def recording(items, sampling):
         sizes.append(len(items))
         return prepare(items, sampling)
 
+    def claiming(handle, n, *, suspects):
+        claims.append(n)
+        return claim_into(handle, n, suspects=suspects)
+
     runner.engine.prepare = recording  # type: ignore[method-assign]
+    runner.claimer.claim_into = claiming  # type: ignore[method-assign]
     job_id = seed_job(harness.db, harness.settings, n=100)
     thread, _ = harness.drive(runner, job_id)
     thread.join(60)
     assert wait_status(harness.db, job_id, {"completed"}).succeeded == 100
     check_invariants(harness.db, job_id)
     assert sum(sizes) == 100
-    # The first claim takes the whole window (2 x 16 items); it reaches the engine in slices.
-    assert runner.window > runner.claimer.launch_chunk
-    assert sizes[:2] == [runner.claimer.launch_chunk, runner.claimer.launch_chunk], sizes
-    assert max(sizes) <= runner.claimer.launch_chunk
+    chunk = runner.claimer.launch_chunk
+    assert runner.window > chunk
+    # An idle engine's first claim is one slice, so the engine starts on it at once; the
+    # second fills the rest of the window in one round trip, and reaches the engine in slices.
+    assert claims[0] == chunk, claims
+    assert claims[1] == runner.window - chunk, claims
+    assert sizes[0] == chunk and max(sizes) <= chunk, sizes
 
 
 def test_results_are_stored_once_the_engine_empties_not_at_the_write_interval(
