@@ -89,3 +89,28 @@ def test_a_step_without_scheduler_stats_keeps_the_last_load() -> None:
     logger.record(None, None)
     assert engine.scheduler_load() == SchedulerLoad(waiting=0, running=1, kv_cache_usage=0.1)
     assert engine.speculative_stats() is None  # no speculation configured
+
+
+@pytest.mark.parametrize("vllm_metrics", [False, True])
+def test_vllms_own_metrics_only_when_asked(vllm_metrics: bool) -> None:
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+    from vllm.v1.metrics.loggers import StatLoggerManager
+
+    from worker.vllm_engine import VLLMEngine
+
+    settings = make_settings(
+        "postgresql+psycopg://unused/x", "redis://unused/0", vllm_metrics=vllm_metrics
+    )
+    loggers = VLLMEngine(settings).stat_loggers()
+    before = {m.name for m in REGISTRY.collect()}
+    if vllm_metrics:
+        # vLLM then adds its own Prometheus logger to ours, as it does for any custom logger.
+        assert not any(isinstance(f, type) and issubclass(f, PrometheusStatLogger) for f in loggers)
+        return
+    # As vLLM's engine builds it: with ours, it adds no Prometheus logger of its own, so no
+    # `vllm:*` series reach the registry the worker's /metrics serves.
+    manager = StatLoggerManager(None, custom_stat_loggers=loggers, enable_default_loggers=False)
+    assert len(manager.stat_loggers) == len(loggers)
+    manager.record(None, None)
+    added = {m.name for m in REGISTRY.collect()} - before
+    assert not {name for name in added if name.startswith("vllm:")}, added

@@ -335,6 +335,13 @@ class Settings(BaseSettings):
         description="Port of a worker's Prometheus /metrics (0: off). One per worker process: "
         "give each worker on a host its own, or 0 where several start at once.",
     )
+    vllm_metrics: bool = Field(
+        False,
+        description="Also serve vLLM's own Prometheus metrics (vllm:*, about a hundred series: "
+        "latency histograms per request) on the worker's /metrics. Off by default: recording "
+        "them takes CPU from the engine's frontend on every step; thinkbatch's own engine "
+        "gauges are served either way.",
+    )
     worker_metrics_host: str = Field(
         "127.0.0.1",
         description="Address the worker's metrics port listens on (0.0.0.0 in a container).",

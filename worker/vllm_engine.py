@@ -25,6 +25,7 @@ from vllm.inputs.engine import tokens_input
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
+from vllm.v1.metrics.loggers import PrometheusStatLogger
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from thinkbatch.ledger import Claimed
@@ -171,6 +172,38 @@ class _EngineStats(StatLoggerBase):
         pass
 
 
+class _NoVLLMMetrics(PrometheusStatLogger):
+    """Stands in for vLLM's Prometheus logger, which vLLM adds to any stat loggers it is given
+    unless one of them is a PrometheusStatLogger (StatLoggerManager). Ours needs the engine's
+    stats on, and without this vLLM would register its hundred `vllm:*` series in this
+    process's registry (the worker's /metrics) and record into them on every step: 6 % of the
+    worker's CPU in `make bench --profile`. VLLM_METRICS turns vLLM's own back on."""
+
+    def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None) -> None:
+        pass  # registers nothing
+
+    def log_metrics_info(self, type: str, config_obj: Any) -> None:
+        pass
+
+    def record(
+        self,
+        scheduler_stats: Any,
+        iteration_stats: Any,
+        mm_cache_stats: Any = None,
+        engine_idx: int = 0,
+    ) -> None:
+        pass
+
+    def record_admission_rejection(self, reason: str) -> None:
+        pass
+
+    def record_sleep_state(self, sleep: int = 0, level: int = 0) -> None:
+        pass
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+
 class VLLMEngine:
     def __init__(self, settings: Settings):
         self.settings = settings
@@ -197,13 +230,8 @@ class VLLMEngine:
         device = device_type()
         configure_environment(self.settings, device)
         model = self.settings.model
-
-        def stats_logger(config: Any, index: int = 0) -> _EngineStats:
-            return _EngineStats(config, index, engine=self)
-
-        loggers = [stats_logger]
         self.llm = AsyncLLM.from_engine_args(
-            engine_args(self.settings, model, device), stat_loggers=loggers
+            engine_args(self.settings, model, device), stat_loggers=self.stat_loggers()
         )
         keep_off_compute_cores(device)
         self.tokenizer = self.llm.get_tokenizer()
@@ -234,6 +262,18 @@ class VLLMEngine:
             "on" if self.budget_ok else "off",
             self._spec.method if self._spec else "off",
         )
+
+    def stat_loggers(self) -> list[Any]:
+        """The engine's stat loggers: ours (the gauges, speculative decoding), and vLLM's
+        Prometheus metrics only if VLLM_METRICS asks for them."""
+
+        def stats_logger(config: Any, index: int = 0) -> _EngineStats:
+            return _EngineStats(config, index, engine=self)
+
+        loggers: list[Any] = [stats_logger]
+        if not self.settings.vllm_metrics:
+            loggers.append(_NoVLLMMetrics)
+        return loggers
 
     def _check_reasoning_config(self) -> bool:
         """The engine's thinking budget counts and forces the served model's own <think> and
