@@ -3,6 +3,7 @@ inside the worker, by stage and thread (the worker's own thread CPU clocks, on i
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -44,6 +45,46 @@ def cpu_snapshot(database: str = "") -> dict[int, tuple[str, float]]:
         if times is not None and _ours(proc, descendants, database):
             snapshot[proc.pid] = (_category(proc), times.user + times.system)
     return snapshot
+
+
+def wait_engines_idle(timeout: float = 10.0, window: float = 0.2, busy: float = 0.05) -> float:
+    """Wait until this benchmark's engine processes use less than `busy` of a core over
+    `window` seconds; return the seconds waited. An engine that has just finished keeps its
+    model process spinning on its core for a second (vLLM's shared-memory queue polls
+    `busy_loop_s` = 1 s after its last read, with sched_yield): started at once, the next
+    round shared that core with it. The system arm always followed a raw round that had just
+    ended, and its engine's core lost 0.7-0.8 CPU-s per 2,000 x 16 round to the idle raw
+    engine; a raw round followed a system round that ended up to a poll interval earlier."""
+    import psutil
+
+    me = psutil.Process()
+    started = time.monotonic()
+
+    def engine_cpu() -> float:
+        total = 0.0
+        for proc in me.children(recursive=True):
+            try:
+                info = {"cmdline": proc.cmdline(), "name": proc.name()}
+                if _category(_Info(info)) == "engine":
+                    times = proc.cpu_times()
+                    total += times.user + times.system
+            except psutil.Error:  # ended meanwhile
+                continue
+        return total
+
+    while time.monotonic() - started < timeout:
+        before = engine_cpu()
+        time.sleep(window)
+        if engine_cpu() - before < busy * window:
+            break
+    return time.monotonic() - started
+
+
+class _Info:
+    """A process's name and command line in the shape psutil.process_iter gives them."""
+
+    def __init__(self, info: dict[str, Any]) -> None:
+        self.info = info
 
 
 def cpu_used(before: dict[int, tuple[str, float]], database: str = "") -> dict[str, float]:

@@ -41,6 +41,7 @@ import sqlalchemy as sa
 from bench.cpu import cpu_snapshot
 from bench.cpu import cpu_used
 from bench.cpu import print_stages
+from bench.cpu import wait_engines_idle
 from bench.cpu import worker_cpu
 from devstack import local_stack
 from devstack.services import free_port
@@ -492,6 +493,7 @@ def main() -> int:
                     raw_arm.wait_ready()
                     for r in range(args.rounds):
                         for t in lengths:
+                            wait_engines_idle()
                             raw_rounds[t].append(raw_arm.round(1000 * t + r, t))
                     raw_arm.close()
                 client, spy, port = start_system(stack, settings, profile)
@@ -500,8 +502,11 @@ def main() -> int:
                     raw_arm.wait_ready()
                 for r in range(args.rounds):  # interleaved: both arms see the same moments
                     for t in lengths:
+                        # Each round starts once the last round's engine stopped spinning.
                         if not sequential:
+                            wait_engines_idle()
                             raw_rounds[t].append(raw_arm.round(1000 * t + r, t))
+                        wait_engines_idle()
                         system_rounds[t].append(
                             system_round(client, db, args.items, t, 1000 * t + r, port)
                         )
