@@ -39,6 +39,7 @@ from api.auth import browser
 from api.auth import caller
 from api.auth import public
 from thinkbatch import jobs as service
+from thinkbatch.jobs import NotFound
 from thinkbatch.keys import verify_key
 from thinkbatch.models import Item
 from thinkbatch.schemas import JobOut
@@ -227,6 +228,15 @@ def svc_limiter() -> Any:
     from flask import current_app
 
     return current_app.extensions["thinkbatch_auth"]
+
+
+@bp.errorhandler(NotFound)
+def not_found(error: NotFound) -> Response:
+    """A page, not the JSON API's envelope: the dashboard is read in a browser. Another
+    tenant's job is "no such job" too, as in the API."""
+    raw = str(error.args[0]) if error.args else ""
+    shown = raw if len(raw) <= 64 else raw[:64] + "..."  # a path can be kilobytes long
+    return _page("dashboard/not_found.html", status=404, shown=shown)
 
 
 def init_app(app: Flask) -> None:

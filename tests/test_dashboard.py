@@ -40,8 +40,15 @@ def test_sign_in_shows_the_tenants_jobs_only(app: Flask, db: sa.Engine, settings
     assert browser.get(f"/jobs/{mine}").status_code == 200
     timeline = browser.get(f"/jobs/{mine}/timeline")
     assert timeline.status_code == 200 and "<polyline" in timeline.get_data(as_text=True)
-    for path in (f"/jobs/{theirs}", f"/jobs/{theirs}/timeline"):
-        assert browser.get(path).status_code == 404, path
+    for path in (f"/jobs/{theirs}", f"/jobs/{theirs}/timeline", "/jobs/not-an-id"):
+        page = browser.get(path)
+        # A page for the browser, not the JSON API's envelope, and nothing of the other job.
+        assert page.status_code == 404, path
+        assert page.mimetype == "text/html", path
+        assert "No such job" in page.get_data(as_text=True), path
+        assert page.headers["Content-Security-Policy"] and page.headers["Cache-Control"]
+    long = browser.get("/jobs/" + "x" * 5000).get_data(as_text=True)
+    assert "x" * 64 + "..." in long and "x" * 65 not in long
 
 
 def test_a_wrong_key_gets_no_cookie_and_no_page(app: Flask, db: sa.Engine) -> None:
