@@ -16,6 +16,7 @@ from api.openapi import NDJSON
 from api.openapi import Doc
 from api.openapi import Query
 from api.openapi import describe
+from thinkbatch import job_create
 from thinkbatch import jobs as service
 from thinkbatch import stats
 from thinkbatch.ledger import mark_hinted
@@ -63,9 +64,9 @@ def create() -> tuple[dict[str, object], int]:
     # The whole body first, off the network, with no transaction open (see api.body); then
     # parse and store it as it streams from the spool: any invalid item rolls everything back.
     with spool(svc.settings) as body, svc.sessions.begin() as session:
-        job = service.create_job_from_stream(session, caller(), body, svc.settings)
+        job = job_create.create_job_from_stream(session, caller(), body, svc.settings)
         out = service.job_out(job, stats.empty())
-        copies = service.fanout(job, svc.settings)
+        copies = job_create.fanout(job, svc.settings)
     metrics.job_submitted(out.counts.total)
     # After the commit: a worker must find the rows. If Redis is down the job still stands;
     # the sweeper enqueues it once Redis is back.

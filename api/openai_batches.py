@@ -22,7 +22,7 @@ from api.openapi import Query
 from api.openapi import describe
 from thinkbatch import batches as service
 from thinkbatch import files
-from thinkbatch import jobs
+from thinkbatch import job_create
 from thinkbatch.ingest import validation_error
 from thinkbatch.jobs import InvalidRequest
 from thinkbatch.ledger import mark_hinted
@@ -148,7 +148,7 @@ def create() -> dict[str, object]:
                 session, svc.engine, caller(), spec, idempotency_key=key, settings=svc.settings
             )
             queued = new and job.status == JobStatus.queued
-            copies = jobs.fanout(job, svc.settings)
+            copies = job_create.fanout(job, svc.settings)
         # After the commit, as for /v1/jobs: the sweeper enqueues it if Redis is down.
         if queued and publish_job(svc.celery, job.id, copies=copies):
             with svc.engine.begin() as conn:

@@ -269,7 +269,7 @@ def write_capacity(database_url: str, n: int = 6000, batch: int = 500) -> float:
     """Rows/s the worker's result statement (ledger.complete) stores, apart from the engine."""
     from sqlalchemy import orm
 
-    from thinkbatch import jobs as service
+    from thinkbatch import job_create
     from thinkbatch import ledger
     from thinkbatch.keys import LOCAL
     from thinkbatch.schemas import JobCreate
@@ -279,7 +279,7 @@ def write_capacity(database_url: str, n: int = 6000, batch: int = 500) -> float:
     spec = JobCreate.model_validate({"items": [{"prompt": f"p{k}"} for k in range(n)]})
     owner = f"bench-{os.getpid()}-{time.time_ns()}"  # runs against the same database add up
     with orm.Session(engine) as session, session.begin():
-        job_id = service.create_job(session, LOCAL, spec, settings).id
+        job_id = job_create.create_job(session, LOCAL, spec, settings).id
         session.execute(
             sa.text("INSERT INTO workers (id, hostname, pid, model) VALUES (:id, 'h', 0, 'm')"),
             {"id": owner},

@@ -22,7 +22,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import orm
 
-from thinkbatch import jobs as service
+from thinkbatch import job_create
 from thinkbatch.keys import Caller
 from thinkbatch.keys import create_key
 from thinkbatch.settings import Settings
@@ -130,7 +130,7 @@ def submit_job(
     client's submission would have stored."""
     raw = io.BytesIO(json.dumps(body).encode())
     with orm.Session(db) as session, session.begin():
-        return service.create_job_from_stream(session, Caller(tenant, None), raw, settings).id
+        return job_create.create_job_from_stream(session, Caller(tenant, None), raw, settings).id
 
 
 def seed_job(

@@ -634,16 +634,16 @@ def test_valid_escapes_pass_unchanged() -> None:
 def test_a_500_has_a_request_id_and_logs_no_prompt(
     client: FlaskClient, db: sa.Engine, caplog: pytest.LogCaptureFixture, monkeypatch: Any
 ) -> None:
-    from thinkbatch import jobs
+    from thinkbatch import job_create
 
-    row = jobs._Items.row
+    row = job_create.ItemRows.row
 
     def broken_row(self: Any, index: int, item: Any) -> tuple[object, ...]:
         values = list(row(self, index, item))
         values[3] = "{not json " + SECRET  # a COPY error whose text quotes the row
         return tuple(values)
 
-    monkeypatch.setattr(jobs._Items, "row", broken_row)
+    monkeypatch.setattr(job_create.ItemRows, "row", broken_row)
     caplog.set_level(logging.DEBUG)
     body = {"items": [{"messages": [{"role": "user", "content": SECRET}]}]}
     response = client.post("/v1/jobs", json=body, headers={"X-Request-ID": "req-42.a:b"})

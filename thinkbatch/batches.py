@@ -3,8 +3,8 @@ an uploaded file, shown in OpenAI's `Batch` shape.
 
 Create validates the whole input file as it streams from its chunk rows, collecting up to
 MAX_BATCH_ERRORS line errors, while its items go into Postgres through the same COPY as native
-jobs (thinkbatch/jobs.py `_Items`/`_copy`). Any bad line rolls the items back: the batch is
-stored as `failed` with its `errors` and nothing is enqueued.
+jobs (thinkbatch/job_create.py `ItemRows`/`copy_items`). Any bad line rolls the items back: the
+batch is stored as `failed` with its `errors` and nothing is enqueued.
 
 Output and error files: once a batch is finished, its first read creates their file rows, with
 their exact size computed by rendering the lines once (a finished job's results never change,
@@ -32,6 +32,7 @@ from pydantic import Field
 from sqlalchemy import orm
 
 from thinkbatch import files
+from thinkbatch import job_create
 from thinkbatch import jobs
 from thinkbatch import openai_lines as lines
 from thinkbatch import quotas
@@ -161,7 +162,7 @@ def create_batch(
         raise InvalidRequest(
             "input_file_id: must be a file uploaded with purpose 'batch'", param="input_file_id"
         )
-    job = jobs._new_job(session, caller, settings)  # noqa: SLF001 - a batch is a job; same building blocks
+    job = job_create.new_job(session, caller, settings)
     job.endpoint = spec.endpoint
     job.input_file_id = upload.id
     job.completion_window_text = spec.completion_window
@@ -172,7 +173,7 @@ def create_batch(
     session.flush()
     savepoint = session.begin_nested()
     checked = _Validation(errors=[])
-    jobs._copy(session, _rows(engine, job, upload.id, spec.endpoint, checked, settings))  # noqa: SLF001 - a batch is a job; same building blocks
+    job_create.copy_items(session, _rows(engine, job, upload.id, spec.endpoint, checked, settings))
     if checked.lines == 0 and not checked.errors:
         checked.errors.append(
             {"code": "empty_file", "line": None, "message": "the input file has no requests",
@@ -191,7 +192,7 @@ def create_batch(
         return job, True
     savepoint.commit()
     header = JobHeader(metadata=job.meta, completion_window=seconds)
-    jobs._apply_header(session, job, header, settings)  # noqa: SLF001 - a batch is a job; same building blocks
+    job_create.apply_header(session, job, header, settings)
     return job, True
 
 
@@ -213,7 +214,7 @@ def _rows(
     """COPY rows of the file's valid lines; errors collected in `checked`. Once a line failed,
     nothing more is written (it will all be rolled back); validation goes on, to report up to
     MAX_BATCH_ERRORS lines at once."""
-    items = jobs._Items(job.id, settings)  # noqa: SLF001 - a batch is a job; same building blocks
+    items = job_create.ItemRows(job.id, settings)
     for number, raw in enumerate(files.iter_lines(engine, file_key), start=1):
         if not raw.strip():
             continue
@@ -244,7 +245,7 @@ def _rows(
 
 
 def _line_error(error: InvalidRequest, index: int, max_param: str) -> lines.LineError:
-    """An item check of jobs.py (`items[3].custom_id: ...`) in the line's own terms."""
+    """An item check of job_create.py (`items[3].custom_id: ...`) in the line's own terms."""
     prefix = f"items[{index}]."
     old = error.param or ""
     field = old.removeprefix(prefix)
