@@ -73,12 +73,12 @@ def load_engine(sender: Any = None, **_: Any) -> None:
 
 @signals.worker_ready.connect
 def freeze_heap(**_: Any) -> None:
-    """Move everything start-up made (vLLM, torch, the tokenizer, Celery: millions of objects)
-    out of the garbage collector's reach, as `vllm serve` does after its start-up. Otherwise
-    every full collection walks them all, and the per-item work of claiming, rendering and
-    decoding allocates enough to trigger one every few hundred items: a pass took 0.2 s of CPU
-    with only transformers loaded, and showed up as a render or a tokenize costing 3-6 times
-    its isolated price in `make bench`."""
+    """Move everything start-up made (vLLM, torch, the tokenizer, Celery: 712,000 objects in
+    the demo worker) out of the garbage collector's reach, as `vllm serve` does after its
+    start-up. Otherwise every full collection walks them all, and the per-item work of
+    claiming, rendering and decoding allocates enough to trigger one every few hundred items:
+    with only transformers loaded, one cost 0.2 s of CPU, and in `make bench` a render or a
+    tokenize cost 3-6 times its isolated price."""
     if _runner is None:
         return
     gc.collect()
