@@ -113,6 +113,7 @@ class Browser:
         try:
             self.loop.run_until_complete(self.ws.close())
         finally:
+            self.loop.close()
             self.proc.terminate()
             try:
                 self.proc.wait(10)

@@ -72,6 +72,12 @@ class Client:
             headers={"Authorization": f"Bearer {key}"},
         )
 
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.http.close()  # its pooled sockets, left open, warned under whichever test came next
+
     def submit(self, items: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
         response = self.http.post("/v1/jobs", json={"items": items, **fields})
         assert response.status_code == 201, response.text

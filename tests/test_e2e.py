@@ -72,7 +72,8 @@ def e2e(
             "worker", env={"THINKBATCH_WORKER_METRICS_PORT": str(WORKER_METRICS_PORT)}
         )
         assert api.port is not None
-        yield Client(api.port, api_key(url)), db, broker, flower.port
+        with Client(api.port, api_key(url)) as client:
+            yield client, db, broker, flower.port
     finally:
         stack.stop_all()
         db.dispose()

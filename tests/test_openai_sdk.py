@@ -76,6 +76,8 @@ def env(servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         stack.start_worker("worker")
         env = Env(f"http://127.0.0.1:{api.port}", api_key(url), url)
         yield env
+        env.sdk.close()
+        env.http.close()
         env.db.dispose()
     finally:
         stack.stop_all()
@@ -312,7 +314,7 @@ def test_cancel_mid_run(env: Env) -> None:
         max_retries=2,
         http_client=httpx2.Client(event_hooks={"request": [lambda r: sent.append(r.url.path)]}),
     )
-    with pytest.raises(openai.BadRequestError):
+    with counting, pytest.raises(openai.BadRequestError):
         counting.batches.cancel(batch.id)
     assert len(sent) == 1
 
@@ -418,7 +420,7 @@ def test_models_and_job_ids_in_both_forms(env: Env) -> None:
     assert env.http.get(f"/v1/jobs/{batch.id}").json()["id"].replace("-", "") == plain
 
 
-def test_another_tenant_sees_no_file_or_batch(env: Env) -> None:
+def test_another_tenant_sees_no_file_or_batch(env: Env, request: pytest.FixtureRequest) -> None:
     file_id = upload(env, jsonl([chat_line("a", "x")]))
     batch = env.sdk.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h")
     rival = OpenAI(
@@ -426,6 +428,7 @@ def test_another_tenant_sees_no_file_or_batch(env: Env) -> None:
         api_key=api_key(env.db.url.render_as_string(hide_password=False), "rival"),
         max_retries=0,
     )
+    request.addfinalizer(rival.close)
     for call in (
         lambda: rival.files.retrieve(file_id),
         lambda: rival.files.content(file_id),

@@ -47,9 +47,10 @@ def stack_url(
         stack.stop_all()
 
 
-def test_chat_batch_on_vllm(stack_url: tuple[str, str]) -> None:
+def test_chat_batch_on_vllm(stack_url: tuple[str, str], request: pytest.FixtureRequest) -> None:
     url, key = stack_url
     sdk = OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, _strict_response_validation=True)
+    request.addfinalizer(sdk.close)
     model = sdk.models.list().data[0].id
     lines = [
         {"custom_id": f"c{i}", "method": "POST", "url": CHAT, "body": {

@@ -53,7 +53,8 @@ def ops_stack(servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Ite
         flower = stack.start_flower(FLOWER_AUTH)
         worker = stack.start_worker("worker")
         key = api_key(url)
-        yield stack, api, flower, worker, Client(api.port, key), key, metrics_port
+        with Client(api.port, key) as client:
+            yield stack, api, flower, worker, client, key, metrics_port
     finally:
         stack.stop_all()
 

@@ -63,7 +63,8 @@ def fake_stack(
         flower = stack.start_flower(FLOWER_AUTH)
         worker = stack.start_worker("worker")
         assert api.port is not None
-        yield stack, worker, flower, Client(api.port, api_key(url)), broker
+        with Client(api.port, api_key(url)) as client:
+            yield stack, worker, flower, client, broker
     finally:
         stack.stop_all()
         sa.create_engine(url).dispose()

@@ -33,7 +33,8 @@ def chaos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chaos]:
     assert api.port is not None
     db = sa.create_engine(url, pool_pre_ping=True)
     try:
-        yield Chaos(pg, redis_server, url, db, stack, Client(api.port, api_key(url)), root)
+        with Client(api.port, api_key(url)) as client:
+            yield Chaos(pg, redis_server, url, db, stack, client, root)
     finally:
         stack.stop_all()
         db.dispose()
