@@ -55,22 +55,10 @@ def wait_engines_idle(timeout: float = 10.0, window: float = 0.2, busy: float = 
     round shared that core with it. The system arm always followed a raw round that had just
     ended, and its engine's core lost 0.7-0.8 CPU-s per 2,000 x 16 round to the idle raw
     engine; a raw round followed a system round that ended up to a poll interval earlier."""
-    import psutil
-
-    me = psutil.Process()
     started = time.monotonic()
 
     def engine_cpu() -> float:
-        total = 0.0
-        for proc in me.children(recursive=True):
-            try:
-                info = {"cmdline": proc.cmdline(), "name": proc.name()}
-                if _category(_Info(info)) == "engine":
-                    times = proc.cpu_times()
-                    total += times.user + times.system
-            except psutil.Error:  # ended meanwhile
-                continue
-        return total
+        return sum(s for kind, s in cpu_snapshot().values() if kind == "engine")
 
     while time.monotonic() - started < timeout:
         before = engine_cpu()
@@ -78,13 +66,6 @@ def wait_engines_idle(timeout: float = 10.0, window: float = 0.2, busy: float = 
         if engine_cpu() - before < busy * window:
             break
     return time.monotonic() - started
-
-
-class _Info:
-    """A process's name and command line in the shape psutil.process_iter gives them."""
-
-    def __init__(self, info: dict[str, Any]) -> None:
-        self.info = info
 
 
 def cpu_used(before: dict[int, tuple[str, float]], database: str = "") -> dict[str, float]:

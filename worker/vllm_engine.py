@@ -235,9 +235,8 @@ class VLLMEngine:
         )
         keep_off_compute_cores(device)
         self.tokenizer = self.llm.get_tokenizer()
-        # The Rust tokenizer under the transformers wrapper, for the batched encode (prepare)
-        # and the one-shot decode (generate).
-        self._backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        # The Rust tokenizer under the transformers wrapper, for the one-shot decode.
+        self._backend = getattr(self.tokenizer, "backend_tokenizer", None) or self.tokenizer
         # vLLM reads its environment variables afresh on every access unless this cache is on,
         # and its output handler reads one per output (IterationStats): 4 % of this process's
         # CPU in `make bench --profile`. vLLM's engine core turns it on after start-up; its
@@ -461,7 +460,7 @@ class VLLMEngine:
     def _decode(self, token_ids: list[int]) -> str:
         # As vLLM's detokenizer does by default: special tokens (the EOS) dropped. Qwen3's
         # <think> and </think> are not special, so they stay for the parser.
-        return (self._backend or self.tokenizer).decode(token_ids, skip_special_tokens=True)
+        return self._backend.decode(token_ids, skip_special_tokens=True)
 
     async def shutdown(self) -> None:
         if self._spec is not None:
