@@ -132,12 +132,17 @@ def serve_raw(n: int, max_tokens: int) -> None:
             return out
 
         cpu_before = cpu_snapshot()
+        load_before = engine.scheduler_load()
         started = time.perf_counter()
         outs = await asyncio.gather(*(one(k, p) for k, p in enumerate(prepared)))
         elapsed = time.perf_counter() - started
         cpu = cpu_used(cpu_before)
+        load = engine.scheduler_load()
+        assert load is not None  # the engine has stepped
         return {
             "seconds": elapsed,
+            "steps": load.steps - (load_before.steps if load_before else 0),
+            "step_requests": load.step_requests - (load_before.step_requests if load_before else 0),
             "first_result_seconds": min(finished) - started,
             "cpu": cpu,
             "output_tokens": sum(len(o.token_ids) for o in outs),
@@ -252,8 +257,11 @@ def system_round(
             sa.text("SELECT min(started_at) FROM items WHERE job_id = :j"), {"j": job["id"]}
         ).scalar_one()
     finished = datetime.fromisoformat(job["finished_at"])
+    stages = {k: v - stages_before.get(k, 0.0) for k, v in stages_after.items()}
     return {
         "seconds": (finished - submitted).total_seconds(),
+        "steps": stages.pop("engine steps", 0.0),
+        "step_requests": stages.pop("engine step requests", 0.0),
         "submit_seconds": submit_s,
         "first_claim_seconds": (first_claim - submitted).total_seconds(),
         "first_result_seconds": (first - submitted).total_seconds(),
@@ -261,7 +269,7 @@ def system_round(
         "rows_per_second": n / max((last - first).total_seconds(), 1e-9),
         "output_tokens": job["usage"]["completion_tokens"],
         "cpu": cpu,
-        "stages": {k: v - stages_before.get(k, 0.0) for k, v in stages_after.items()},
+        "stages": stages,
     }
 
 
@@ -370,6 +378,16 @@ def compare(
         "job timeline from the submit: first claim {first_claim_seconds:.2f} s, first result "
         "{first_result_seconds:.2f} s, last result {last_result_seconds:.2f} s, completed "
         "{seconds:.2f} s".format(**system)
+    )
+    # The same steps with the same batches in both arms: a gap is then the time per step (CPU
+    # taken from the engine's processes), not a window that lets the engine's batch run short.
+    print(
+        "engine steps (median rounds): "
+        + "; ".join(
+            f"{name} {arm['steps']:.0f}, mean batch "
+            f"{arm['step_requests'] / max(arm['steps'], 1):.1f} requests"
+            for name, arm in (("raw engine", raw), ("job system", system))
+        )
     )
     print(f"CPU seconds by process kind ({os.cpu_count()} cpus, median rounds):")
     for name, arm in (("raw engine", raw), ("job system", system)):

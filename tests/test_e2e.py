@@ -221,6 +221,12 @@ def test_the_engines_scheduler_load_is_in_the_worker_metrics(
     assert client.wait(job["id"])["status"] == "completed"
     assert seen["thinkbatch_worker_engine_running_requests"] > 0, seen
     assert 0 < seen["thinkbatch_worker_engine_kv_cache_usage_ratio"] <= 1, seen
+    # Its steps and their running requests summed: their ratio, the mean batch, is at most
+    # the MAX_NUM_SEQS the engine runs with (tests/stacks.py).
+    steps = seen["thinkbatch_worker_engine_steps_total"]
+    assert steps >= 400, seen  # 400 tokens each: at least one step a token
+    mean_batch = seen["thinkbatch_worker_engine_step_requests_total"] / steps
+    assert 1 <= mean_batch <= int(VLLM_ENV["THINKBATCH_MAX_NUM_SEQS"]), seen
     # vLLM's own metrics stay out unless VLLM_METRICS asks for them (worker/vllm_engine.py):
     # the stats the gauges come from are on, and vLLM would otherwise add its Prometheus
     # logger beside ours.

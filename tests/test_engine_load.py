@@ -67,8 +67,13 @@ def test_the_last_steps_load_and_speculation_reach_the_gauges() -> None:
             ),
             None,
         )
-    assert engine.scheduler_load() == SchedulerLoad(waiting=2, running=30, kv_cache_usage=0.5)
+    # Two steps, of 32 and 30 running requests.
+    assert engine.scheduler_load() == SchedulerLoad(
+        waiting=2, running=30, kv_cache_usage=0.5, steps=2, step_requests=62
+    )
     metrics.watch(_Runner(engine))  # type: ignore[arg-type]
+    assert _gauge("thinkbatch_worker_engine_steps_total") == 2
+    assert _gauge("thinkbatch_worker_engine_step_requests_total") == 62
     assert _gauge("thinkbatch_worker_engine_waiting_requests") == 2
     assert _gauge("thinkbatch_worker_engine_running_requests") == 30
     assert _gauge("thinkbatch_worker_engine_kv_cache_usage_ratio") == 0.5
@@ -87,7 +92,10 @@ def test_a_step_without_scheduler_stats_keeps_the_last_load() -> None:
     logger = _EngineStats(None, 0, engine=engine)
     logger.record(SchedulerStats(num_running_reqs=1, num_waiting_reqs=0, kv_cache_usage=0.1), None)
     logger.record(None, None)
-    assert engine.scheduler_load() == SchedulerLoad(waiting=0, running=1, kv_cache_usage=0.1)
+    # The step without stats is not counted: vLLM sends stats with every step while they are on.
+    assert engine.scheduler_load() == SchedulerLoad(
+        waiting=0, running=1, kv_cache_usage=0.1, steps=1, step_requests=1
+    )
     assert engine.speculative_stats() is None  # no speculation configured
 
 

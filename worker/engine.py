@@ -112,11 +112,15 @@ class SpeculativeStats:
 @dataclass(frozen=True, slots=True)
 class SchedulerLoad:
     """The engine scheduler's state at its last step: requests waiting for a slot, requests
-    running, and the fraction of the KV cache in use (0-1)."""
+    running, and the fraction of the KV cache in use (0-1). And since the engine started: the
+    steps it ran and their running requests summed, whose ratio over any interval is the mean
+    batch the engine ran (is it kept full?)."""
 
     waiting: int
     running: int
     kv_cache_usage: float
+    steps: int = 0
+    step_requests: int = 0
 
 
 class Engine(Protocol):

@@ -92,6 +92,8 @@ class FakeEngine:
         self.think = ThinkTokens(SPECIAL["<think>"], SPECIAL["</think>"], SPECIAL["<|im_start|>"])
         self._waiting: list[_Seq] = []
         self._running: list[_Seq] = []
+        self._step_count = 0  # steps run, and their running sequences summed (scheduler_load)
+        self._step_requests = 0
         self._dead = False
         self._loop_task: asyncio.Task[None] | None = None
         # Set when a request arrives: an idle engine waits on it instead of stepping. At
@@ -217,6 +219,8 @@ class FakeEngine:
             if free > 0 and self._waiting:
                 self._running.extend(self._waiting[:free])
                 del self._waiting[:free]
+            self._step_count += 1
+            self._step_requests += len(self._running)
             still: list[_Seq] = []
             for seq in self._running:
                 if seq.future.done():  # aborted by the caller
@@ -231,7 +235,11 @@ class FakeEngine:
     def scheduler_load(self) -> SchedulerLoad:
         """Its own queue and batch; it has no KV cache, so no usage to report."""
         return SchedulerLoad(
-            waiting=len(self._waiting), running=len(self._running), kv_cache_usage=0.0
+            waiting=len(self._waiting),
+            running=len(self._running),
+            kv_cache_usage=0.0,
+            steps=self._step_count,
+            step_requests=self._step_requests,
         )
 
     def speculative_stats(self) -> None:

@@ -32,6 +32,7 @@ from thinkbatch.settings import Settings
 from worker import stages
 
 if TYPE_CHECKING:
+    from worker.engine import Engine
     from worker.runner import Runner
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,7 @@ class WorkerMetrics:
         )
         self.info = Info("thinkbatch_worker", "Model and engine this worker serves.")
         self._recent: collections.deque[tuple[float, int, int]] = collections.deque()
+        self.engine: Engine | None = None  # the watched runner's, read by EngineStepsCollector
         self._lock = threading.Lock()
         self.tokens_per_s.set_function(lambda: self._rate(1))
         self.items_per_s.set_function(lambda: self._rate(2))
@@ -162,7 +164,7 @@ class WorkerMetrics:
     def watch(self, runner: Runner) -> None:
         """Read the runner's load when scraped."""
         self.in_engine.set_function(lambda: runner.items_in_engine)
-        engine = runner.engine
+        engine = self.engine = runner.engine
 
         def load(field: str) -> float:
             current = engine.scheduler_load()
@@ -214,8 +216,29 @@ class CpuCollector(Collector):
         )
 
 
+class EngineStepsCollector(Collector):
+    """The engine's steps and their running requests summed, as counters: over any interval
+    their ratio is the mean batch the engine ran, which says whether the worker keeps it full
+    (`make bench` prints it for the raw engine and the job system side by side)."""
+
+    def collect(self) -> Any:
+        load = metrics.engine.scheduler_load() if metrics.engine is not None else None
+        yield CounterMetricFamily(
+            "thinkbatch_worker_engine_steps",
+            "Steps the engine has run since it started.",
+            value=load.steps if load is not None else 0,
+        )
+        yield CounterMetricFamily(
+            "thinkbatch_worker_engine_step_requests",
+            "Running requests summed over the engine's steps (divided by the steps: the mean "
+            "batch).",
+            value=load.step_requests if load is not None else 0,
+        )
+
+
 metrics = WorkerMetrics()
 REGISTRY.register(CpuCollector())
+REGISTRY.register(EngineStepsCollector())
 
 
 def serve(settings: Settings, runner: Runner) -> Any:

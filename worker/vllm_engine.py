@@ -148,10 +148,15 @@ class _EngineStats(StatLoggerBase):
     ) -> None:
         if scheduler_stats is None:
             return
+        # vLLM sends the scheduler's stats with every step's outputs while stats are on.
+        last = self.engine._load  # noqa: SLF001 - the engine's own stats hook, same module
+        running = scheduler_stats.num_running_reqs
         self.engine._load = SchedulerLoad(  # noqa: SLF001 - the engine's own stats hook, same module; one reference swap: readers need no lock
             waiting=scheduler_stats.num_waiting_reqs,
-            running=scheduler_stats.num_running_reqs,
+            running=running,
             kv_cache_usage=scheduler_stats.kv_cache_usage,
+            steps=(last.steps if last else 0) + 1,
+            step_requests=(last.step_requests if last else 0) + running,
         )
         spec = getattr(scheduler_stats, "spec_decoding_stats", None)
         stats = self.engine._spec  # noqa: SLF001 - the engine's own stats hook, same module
