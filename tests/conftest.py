@@ -26,6 +26,7 @@ from devstack.services import LocalRedis
 from tests.helpers import TENANT
 from tests.helpers import Servers
 from tests.helpers import close_app
+from tests.helpers import database_name
 from tests.helpers import keyed_client
 from tests.helpers import make_key
 from tests.helpers import make_settings
@@ -79,9 +80,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
 
 @pytest.fixture(scope="session")
 def database_url(servers: Servers) -> str:
-    # TEST_DATABASE_NAME lets two checkouts run their tests side by side on one server.
-    name = os.environ.get("TEST_DATABASE_NAME", "thinkbatch_test")
-    url = recreate_database(servers.postgres_admin_url, name)
+    url = recreate_database(servers.postgres_admin_url, database_name())
     migrate(url)
     return url
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import os
 import sys
 import time
 import uuid
@@ -58,6 +59,14 @@ class Servers:
 
 def _with_database(url: str, name: str) -> str:
     return sa.make_url(url).set(database=name).render_as_string(hide_password=False)
+
+
+def database_name(suffix: str = "") -> str:
+    """The tests' database: TEST_DATABASE_NAME, so that two checkouts can test side by side on
+    one server; with a suffix, the database of one stack test (or scratch use), named after it,
+    so that neither checkout drops the other's (DROP ... WITH (FORCE))."""
+    base = os.environ.get("TEST_DATABASE_NAME", "thinkbatch_test")
+    return f"{base}_{suffix}" if suffix else base
 
 
 def recreate_database(admin_url: str, name: str) -> str:

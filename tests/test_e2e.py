@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from devstack.services import free_port
 from tests.helpers import Servers
 from tests.helpers import check_invariants
+from tests.helpers import database_name
 from tests.helpers import recreate_database
 from tests.stacks import FAST_RECOVERY_ENV
 from tests.stacks import FLOWER_AUTH
@@ -59,7 +60,7 @@ def e2e(
     servers: Servers, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Client, sa.Engine, str, int | None]]:
     build_demo_model()
-    url = recreate_database(servers.postgres_admin_url, "thinkbatch_e2e")
+    url = recreate_database(servers.postgres_admin_url, database_name("e2e"))
     migrate(url)
     broker = redis_db(servers.redis_url, 11)
     redis.Redis.from_url(broker).flushdb()

@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import os
-
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from tests.helpers import Servers
+from tests.helpers import database_name
 from tests.helpers import recreate_database
 from thinkbatch.db import migrate
 from thinkbatch.models import Base
 
 
-def _scratch_name() -> str:
-    # Named after the session's database: two checkouts testing side by side on one server
-    # must not drop each other's scratch database (DROP ... WITH (FORCE)).
-    return os.environ.get("TEST_DATABASE_NAME", "thinkbatch_test") + "_migrations"
-
-
 def test_upgrade_head_on_empty_database_matches_models(servers: Servers) -> None:
-    url = recreate_database(servers.postgres_admin_url, _scratch_name())
+    url = recreate_database(servers.postgres_admin_url, database_name("migrations"))
     migrate(url)
     engine = sa.create_engine(url)
     with engine.connect() as conn:
@@ -39,7 +32,7 @@ def test_upgrade_head_on_empty_database_matches_models(servers: Servers) -> None
 
 
 def test_downgrade_to_base_and_back(servers: Servers) -> None:
-    url = recreate_database(servers.postgres_admin_url, _scratch_name())
+    url = recreate_database(servers.postgres_admin_url, database_name("migrations"))
     migrate(url)
     migrate(url, "base", down=True)
     engine = sa.create_engine(url)

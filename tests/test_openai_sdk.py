@@ -28,6 +28,7 @@ from openai.types.chat import ChatCompletion
 
 from tests.helpers import ROOT
 from tests.helpers import Servers
+from tests.helpers import database_name
 from tests.helpers import recreate_database
 from tests.stacks import FAST_RECOVERY_ENV
 from tests.stacks import api_key
@@ -57,7 +58,7 @@ class Env:
 
 @pytest.fixture(scope="module")
 def env(servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    url = recreate_database(servers.postgres_admin_url, "thinkbatch_openai_sdk")
+    url = recreate_database(servers.postgres_admin_url, database_name("openai_sdk"))
     migrate(url)
     broker = redis_db(servers.redis_url, 4)
     redis.Redis.from_url(broker).flushdb()

@@ -15,6 +15,7 @@ from openai import OpenAI
 from openai.types.chat import ChatCompletion
 
 from tests.helpers import Servers
+from tests.helpers import database_name
 from tests.helpers import recreate_database
 from tests.stacks import FAST_RECOVERY_ENV
 from tests.stacks import VLLM_ENV
@@ -33,7 +34,7 @@ def stack_url(
     servers: Servers, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, str]]:
     build_demo_model()
-    url = recreate_database(servers.postgres_admin_url, "thinkbatch_openai_vllm")
+    url = recreate_database(servers.postgres_admin_url, database_name("openai_vllm"))
     migrate(url)
     broker = redis_db(servers.redis_url, 5)
     redis.Redis.from_url(broker).flushdb()

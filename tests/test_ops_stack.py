@@ -20,6 +20,7 @@ from tests.browser import ARTIFACTS
 from tests.browser import Browser
 from tests.browser import find_chromium
 from tests.helpers import Servers
+from tests.helpers import database_name
 from tests.helpers import recreate_database
 from tests.stacks import FAST_RECOVERY_ENV
 from tests.stacks import FLOWER_AUTH
@@ -37,7 +38,7 @@ CHROMIUM = find_chromium()
 
 @pytest.fixture(scope="module")
 def ops_stack(servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    url = recreate_database(servers.postgres_admin_url, "thinkbatch_ops")
+    url = recreate_database(servers.postgres_admin_url, database_name("ops"))
     migrate(url)
     broker = redis_db(servers.redis_url, 6)
     redis.Redis.from_url(broker).flushdb()

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from devstack.stack import settings_env
 from tests.helpers import TENANT
 from tests.helpers import Servers
+from tests.helpers import database_name
 from tests.helpers import make_settings
 from tests.helpers import recreate_database
 from tests.helpers import submit_job
@@ -73,7 +74,7 @@ def _quoting_items() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def vllm_db(servers: Servers) -> Iterator[tuple[str, str, sa.Engine]]:
-    url = recreate_database(servers.postgres_admin_url, "thinkbatch_reasoning")
+    url = recreate_database(servers.postgres_admin_url, database_name("reasoning"))
     migrate(url)
     engine = sa.create_engine(url)
     yield url, redis_db(servers.redis_url, 1), engine

@@ -20,6 +20,7 @@ from kombu import Producer
 from devstack.stack import Proc
 from devstack.stack import Stack
 from tests.helpers import Servers
+from tests.helpers import database_name
 from tests.helpers import recreate_database
 from tests.stacks import FAST_RECOVERY_ENV
 from tests.stacks import FLOWER_AUTH
@@ -46,7 +47,7 @@ class Boom:
 def fake_stack(
     servers: Servers, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Stack, Proc, Proc, Client, str]]:
-    url = recreate_database(servers.postgres_admin_url, "thinkbatch_security")
+    url = recreate_database(servers.postgres_admin_url, database_name("security"))
     migrate(url)
     broker = redis_db(servers.redis_url, 12)
     redis.Redis.from_url(broker).flushdb()
