@@ -122,3 +122,24 @@ def test_vllms_own_metrics_only_when_asked(vllm_metrics: bool) -> None:
     manager.record(None, None)
     added = {m.name for m in REGISTRY.collect()} - before
     assert not {name for name in added if name.startswith("vllm:")}, added
+
+
+def test_a_step_counts_the_requests_that_finished_in_it_and_an_idle_record_is_no_step() -> None:
+    from vllm.v1.metrics.stats import IterationStats
+    from vllm.v1.metrics.stats import SchedulerStats
+
+    from worker.vllm_engine import VLLMEngine
+    from worker.vllm_engine import _EngineStats
+
+    engine = VLLMEngine(make_settings("postgresql+psycopg://unused/x", "redis://unused/0"))
+    logger = _EngineStats(None, 0, engine=engine)
+    # vLLM takes the scheduler's stats after the step: the two requests that finished in it
+    # are no longer running, and are in the step's iteration stats.
+    step = IterationStats()
+    step.finished_requests = [object(), object()]  # type: ignore[list-item]
+    logger.record(SchedulerStats(num_running_reqs=3, num_waiting_reqs=0), step)
+    logger.record(SchedulerStats(num_running_reqs=0, num_waiting_reqs=0), IterationStats())
+    logger.record(SchedulerStats(num_running_reqs=0, num_waiting_reqs=0), None)
+    load = engine.scheduler_load()
+    assert load is not None
+    assert (load.steps, load.step_requests) == (1, 5)

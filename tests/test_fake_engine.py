@@ -47,6 +47,6 @@ def test_the_fake_engine_counts_its_steps_and_their_running_requests() -> None:
     # A running request makes one token a step: the requests summed over the steps are the
     # tokens made, and batches of at most 4 need at least a quarter as many steps.
     assert load.step_requests == tokens
-    assert load.steps >= math.ceil(tokens / 4)
-    assert 1 <= load.step_requests / load.steps <= 4
+    # All ten wait before the first step: batches of 4, 4 and 2, each running 5 steps.
+    assert load.steps == 3 * 5 == math.ceil(10 / 4) * 5
     assert load.waiting == 0 and load.running == 0

@@ -113,8 +113,9 @@ class SpeculativeStats:
 class SchedulerLoad:
     """The engine scheduler's state at its last step: requests waiting for a slot, requests
     running, and the fraction of the KV cache in use (0-1). And since the engine started: the
-    steps it ran and their running requests summed, whose ratio over any interval is the mean
-    batch the engine ran (is it kept full?)."""
+    steps it ran and the requests each ran summed, whose ratio over any interval is the mean
+    batch the engine ran (is it kept full?). With several data-parallel engines in one worker
+    the counts are their sums and the gauges the last engine's to report."""
 
     waiting: int
     running: int

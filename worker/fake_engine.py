@@ -219,6 +219,8 @@ class FakeEngine:
             if free > 0 and self._waiting:
                 self._running.extend(self._waiting[:free])
                 del self._waiting[:free]
+            # Two ints a scrape may read between the updates: each only grows, which is all a
+            # rate over them needs.
             self._step_count += 1
             self._step_requests += len(self._running)
             still: list[_Seq] = []

@@ -148,15 +148,21 @@ class _EngineStats(StatLoggerBase):
     ) -> None:
         if scheduler_stats is None:
             return
-        # vLLM sends the scheduler's stats with every step's outputs while stats are on.
+        # vLLM sends the scheduler's stats with every step's outputs while stats are on. They
+        # are taken after the step: the requests that finished in it have left the running
+        # set, and are in this step's iteration stats instead (a request stopped by a stop
+        # string, which the frontend finds, is in both, once). A record with no request in
+        # either ran nothing (an idle step's stats) and is not a step.
         last = self.engine._load  # noqa: SLF001 - the engine's own stats hook, same module
         running = scheduler_stats.num_running_reqs
+        finished = getattr(iteration_stats, "finished_requests", None) or ()
+        ran = running + len(finished)
         self.engine._load = SchedulerLoad(  # noqa: SLF001 - the engine's own stats hook, same module; one reference swap: readers need no lock
             waiting=scheduler_stats.num_waiting_reqs,
             running=running,
             kv_cache_usage=scheduler_stats.kv_cache_usage,
-            steps=(last.steps if last else 0) + 1,
-            step_requests=(last.step_requests if last else 0) + running,
+            steps=(last.steps if last else 0) + (1 if ran else 0),
+            step_requests=(last.step_requests if last else 0) + ran,
         )
         spec = getattr(scheduler_stats, "spec_decoding_stats", None)
         stats = self.engine._spec  # noqa: SLF001 - the engine's own stats hook, same module
