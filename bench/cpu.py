@@ -80,7 +80,7 @@ _FAMILIES = {
     "thinkbatch_worker_stage_cpu_seconds": "stage",
     "thinkbatch_worker_thread_cpu_seconds": "thread",
     "thinkbatch_worker_process_cpu_seconds": "process",
-    # Not CPU: the engine's steps and their running requests summed (the mean batch).
+    # Not CPU: the engine's steps and the requests each ran, summed (the mean batch).
     "thinkbatch_worker_engine_steps": "engine steps",
     "thinkbatch_worker_engine_step_requests": "engine step requests",
 }
@@ -88,7 +88,7 @@ _FAMILIES = {
 
 def worker_cpu(port: int) -> dict[str, float]:
     """The worker's CPU seconds so far by stage, by thread and in all, and its engine's steps
-    and their running requests summed (its /metrics)."""
+    and the requests each ran, summed (its /metrics)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text

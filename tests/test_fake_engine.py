@@ -14,7 +14,7 @@ from worker.engine import Generation
 from worker.engine import create_engine
 
 
-def test_the_fake_engine_counts_its_steps_and_their_running_requests() -> None:
+def test_the_fake_engine_counts_its_steps_and_the_requests_each_ran() -> None:
     settings = make_settings(
         "postgresql+psycopg://unused/x",
         "redis://unused/0",
@@ -45,7 +45,7 @@ def test_the_fake_engine_counts_its_steps_and_their_running_requests() -> None:
     tokens = sum(len(o.token_ids) for o in outs)
     assert tokens == 10 * 5
     # A running request makes one token a step: the requests summed over the steps are the
-    # tokens made, and batches of at most 4 need at least a quarter as many steps.
+    # tokens made.
     assert load.step_requests == tokens
     # All ten wait before the first step: batches of 4, 4 and 2, each running 5 steps.
     assert load.steps == 3 * 5 == math.ceil(10 / 4) * 5

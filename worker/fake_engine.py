@@ -92,7 +92,7 @@ class FakeEngine:
         self.think = ThinkTokens(SPECIAL["<think>"], SPECIAL["</think>"], SPECIAL["<|im_start|>"])
         self._waiting: list[_Seq] = []
         self._running: list[_Seq] = []
-        self._step_count = 0  # steps run, and their running sequences summed (scheduler_load)
+        self._step_count = 0  # steps run, and the sequences each ran summed (scheduler_load)
         self._step_requests = 0
         self._dead = False
         self._loop_task: asyncio.Task[None] | None = None

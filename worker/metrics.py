@@ -217,9 +217,9 @@ class CpuCollector(Collector):
 
 
 class EngineStepsCollector(Collector):
-    """The engine's steps and their running requests summed, as counters: over any interval
-    their ratio is the mean batch the engine ran, which says whether the worker keeps it full
-    (`make bench` prints it for the raw engine and the job system side by side)."""
+    """The engine's steps and the requests each step ran, summed, as counters: over any
+    interval their ratio is the mean batch the engine ran, which says whether the worker keeps
+    it full (`make bench` prints it for the raw engine and the job system side by side)."""
 
     def collect(self) -> Any:
         load = metrics.engine.scheduler_load() if metrics.engine is not None else None
@@ -230,8 +230,8 @@ class EngineStepsCollector(Collector):
         )
         yield CounterMetricFamily(
             "thinkbatch_worker_engine_step_requests",
-            "Running requests summed over the engine's steps (divided by the steps: the mean "
-            "batch).",
+            "Requests each engine step ran, summed over the steps (divided by the steps: the "
+            "mean batch).",
             value=load.step_requests if load is not None else 0,
         )
 
