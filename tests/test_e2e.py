@@ -211,14 +211,23 @@ def test_the_engines_scheduler_load_is_in_the_worker_metrics(
     seen: dict[str, float] = {}
     vllm_series: set[str] = set()
     url = f"http://127.0.0.1:{WORKER_METRICS_PORT}/metrics"
+
+    def scrape() -> dict[str, float]:
+        """The worker's samples by name (labels included), comments left out."""
+        samples = {}
+        for line in httpx.get(url, timeout=10).text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                samples[name] = float(value)
+        return samples
+
     deadline = time.monotonic() + 600  # the real CPU engine on a loaded host
     while client.job(job["id"])["status"] in ("queued", "running"):
         assert time.monotonic() < deadline, "the job did not finish within 600 s"
-        for line in httpx.get(url, timeout=10).text.splitlines():
-            name, _, value = line.partition(" ")
+        for name, value in scrape().items():
             if name.startswith("thinkbatch_worker_engine_"):
-                seen[name] = max(seen.get(name, 0.0), float(value))
-            elif line.startswith("vllm:"):
+                seen[name] = max(seen.get(name, 0.0), value)
+            elif name.startswith("vllm:"):
                 vllm_series.add(name.partition("{")[0])
     assert client.wait(job["id"])["status"] == "completed"
     assert seen["thinkbatch_worker_engine_running_requests"] > 0, seen
@@ -229,10 +238,7 @@ def test_the_engines_scheduler_load_is_in_the_worker_metrics(
     # request would show, the requests summed are the job's completion tokens, and their
     # ratio to the steps, the mean batch, is at most MAX_NUM_SEQS (tests/stacks.py).
     def counters() -> tuple[float, float]:
-        found = {}
-        for line in httpx.get(url, timeout=10).text.splitlines():
-            name, _, value = line.partition(" ")
-            found[name] = float(value) if name.endswith("_total") else 0.0
+        found = scrape()
         return (
             found["thinkbatch_worker_engine_steps_total"],
             found["thinkbatch_worker_engine_step_requests_total"],
