@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from tests.helpers import JOB_ROW
 from tests.helpers import make_settings
 from thinkbatch.settings import Settings
 from worker.engine import create_engine
@@ -86,7 +87,7 @@ def harness(database_url: str, redis_url: str, db: sa.Engine) -> Iterator[Harnes
 
 def job_row(db: sa.Engine, job_id: uuid.UUID) -> Any:
     with db.connect() as conn:
-        return conn.execute(sa.text("SELECT * FROM jobs WHERE id = :id"), {"id": job_id}).one()
+        return conn.execute(JOB_ROW, {"id": job_id}).one()
 
 
 def wait_status(db: sa.Engine, job_id: uuid.UUID, statuses: set[str], timeout: float = 30) -> Any:

@@ -382,3 +382,72 @@ def test_items_released_from_a_running_job_are_pending_again(
         rows = conn.execute(sa.text("SELECT status FROM items WHERE job_id = :id"), {"id": job_id})
         assert set(rows.scalars()) == {"pending"}
     check_invariants(db, job_id, finished=False)
+
+
+def _lock_timeout(conn: sa.Connection) -> None:
+    # A wait on a row lock fails fast (LockNotAvailable) instead of blocking the test.
+    conn.execute(sa.text("SET LOCAL lock_timeout = '1s'"))
+
+
+def test_a_claim_and_a_store_of_one_job_do_not_wait_for_each_other(
+    db: sa.Engine, settings: Settings
+) -> None:
+    """A claim moves items between pending and running, which changes no count of the job, so
+    it takes the job row's weakest lock: a store of the same job, whose triggers update the
+    row, neither waits for an open claim nor makes one wait (migration 0004)."""
+    job_id = seed_job(db, settings, n=30)
+    register(db, "w1", "w2")
+    first = claim(db, job_id, "w1", 10)
+    with db.connect() as storing, db.connect() as claiming:
+        with storing.begin():
+            assert ledger.complete(storing, "w1", [done_for(i) for i in first[:5]])
+            with claiming.begin():  # while the store is not committed
+                _lock_timeout(claiming)
+                second = ledger.claim(claiming, job_id, owner="w2", n=10, lease_s=60)
+                assert len(second) == 10
+        with claiming.begin():
+            third = ledger.claim(claiming, job_id, owner="w2", n=5, lease_s=60)
+            with storing.begin():  # while the claim is not committed
+                _lock_timeout(storing)
+                assert ledger.complete(storing, "w1", [done_for(i) for i in first[5:]])
+    assert len(third) == 5
+    counts = check_invariants(db, job_id, finished=False)
+    assert counts == {
+        "succeeded": 10, "failed": 0, "cancelled": 0, "expired": 0, "pending": 5, "running": 15,
+    }  # fmt: skip
+
+
+def test_a_cancel_waits_for_an_open_claim_and_a_claim_for_an_open_cancel(
+    db: sa.Engine, settings: Settings
+) -> None:
+    """What the claim's weak lock still excludes: a change of the job's status. A cancel cannot
+    overlap a claim, so it never misses items a claim is leasing, and a claim that waited for a
+    cancel sees the job cancelling and takes nothing."""
+    job_id = seed_job(db, settings, n=10)
+    register(db, "w1")
+    with db.connect() as claiming, db.connect() as cancelling:
+        with claiming.begin():
+            assert len(ledger.claim(claiming, job_id, owner="w1", n=3, lease_s=60)) == 3
+            with pytest.raises(sa.exc.OperationalError, match="lock timeout"):
+                with cancelling.begin():
+                    _lock_timeout(cancelling)
+                    ledger.cancel_job(cancelling, job_id)
+        cancelled = threading.Event()
+
+        def claim_meanwhile() -> None:
+            with db.begin() as conn:
+                cancelled.wait(10)
+                claimed.extend(ledger.claim(conn, job_id, owner="w1", n=10, lease_s=60))
+
+        claimed: list[ledger.Claimed] = []
+        with cancelling.begin():
+            assert ledger.cancel_job(cancelling, job_id) == (True, "cancelling")
+            waiter = threading.Thread(target=claim_meanwhile)
+            waiter.start()
+            cancelled.set()  # the claim now waits for this transaction's lock
+            waiter.join(0.5)
+            assert waiter.is_alive()
+        waiter.join(10)
+    assert claimed == []
+    counts = check_invariants(db, job_id, finished=False)
+    assert (counts["running"], counts["cancelled"], counts["pending"]) == (3, 7, 0)

@@ -3,9 +3,12 @@ the API's cancel all go through here.
 
 Two rules keep this correct under concurrency:
 
-* A transaction that changes items first locks their job rows, in id order (`lock_jobs`). The
-  count triggers update those rows anyway; taking the locks up front, in one order, means two
-  transactions can never deadlock over them, and a cancel cannot interleave with a claim.
+* A transaction that changes items first locks their job rows, in id order (`lock_jobs`), in
+  one of three strengths (`Lock`). The count triggers update those rows anyway; taking the locks
+  up front, in one order, means two transactions can never deadlock over them. A claim takes the
+  weakest, which a store's update of the same job's counts does not wait for (nor it for the
+  store: a claim changes no count, migration 0004); a change of the job's status takes the
+  strongest, so a cancel cannot interleave with a claim.
 * A write from a worker is fenced: it applies only while the item is still `running` under the
   same `lease_owner` and `attempts` that the claim handed out. A late, duplicate or superseded
   delivery therefore changes nothing, and an item holds at most one result (primary key).
@@ -13,6 +16,7 @@ Two rules keep this correct under concurrency:
 
 from __future__ import annotations
 
+import enum
 import json
 import uuid
 from collections.abc import Iterable
@@ -93,34 +97,66 @@ class JobState:
     done: int
 
 
-def lock_jobs(conn: sa.Connection, job_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, JobState]:
+@dataclass(frozen=True, slots=True)
+class Locked:
+    """What a transaction that locked a job needs to know of it."""
+
+    id: uuid.UUID
+    status: str
+    expired: bool
+
+
+class Lock(enum.Enum):
+    """How strongly a transaction locks its jobs' rows (Postgres row-level lock modes).
+
+    `claim` conflicts only with `status`; `items` with `items` and `status`; `status` with all.
+    """
+
+    # Moves items between pending and running, which changes no count of the job.
+    claim = "KEY SHARE"
+    # Changes items' counts (the triggers update the job row, which takes this lock anyway).
+    items = "NO KEY UPDATE"
+    # Changes the job's status in a way a claim must not overlap: cancel, expire, fail.
+    status = "UPDATE"
+
+
+_LOCK_SQL = {
+    mode: sa.text(
+        f"""
+        SELECT id, status, expires_at <= now() AS expired
+        FROM jobs WHERE id = ANY(:ids) ORDER BY id FOR {mode.value}
+        """  # noqa: S608 - one of the enum's three constants
+    )
+    for mode in Lock
+}
+
+
+def lock_jobs(
+    conn: sa.Connection, job_ids: Iterable[uuid.UUID], mode: Lock = Lock.items
+) -> dict[uuid.UUID, Locked]:
     ids = sorted(set(job_ids))
     if not ids:
         return {}
-    rows = conn.execute(
-        sa.text(
-            """
-            SELECT id, status, expires_at <= now() AS expired, pending, running, total,
-                   succeeded + failed + cancelled + expired AS done
-            FROM jobs WHERE id = ANY(:ids) ORDER BY id FOR NO KEY UPDATE
-            """
-        ),
-        {"ids": ids},
-    )
-    return {row.id: JobState(*row) for row in rows}
+    rows = conn.execute(_LOCK_SQL[mode], {"ids": ids})
+    return {row.id: Locked(*row) for row in rows}
+
+
+# Pending is what of `unfinished` is not running; the running items are counted from their
+# index in the same statement, so the two add up (models.py, Job.running).
+_JOB_STATE = sa.text(
+    """
+    SELECT id, status, expires_at <= now() AS expired, unfinished - r.n AS pending,
+           r.n AS running, total, succeeded + failed + cancelled + expired AS done
+    FROM jobs, LATERAL (
+        SELECT count(*) AS n FROM items WHERE items.job_id = jobs.id AND items.status = 'running'
+    ) AS r
+    WHERE id = :id
+    """
+)
 
 
 def job_state(conn: sa.Connection, job_id: uuid.UUID) -> JobState | None:
-    row = conn.execute(
-        sa.text(
-            """
-            SELECT id, status, expires_at <= now() AS expired, pending, running, total,
-                   succeeded + failed + cancelled + expired AS done
-            FROM jobs WHERE id = :id
-            """
-        ),
-        {"id": job_id},
-    ).first()
+    row = conn.execute(_JOB_STATE, {"id": job_id}).first()
     return JobState(*row) if row else None
 
 
@@ -182,7 +218,9 @@ def claim(
     suspects: bool = False,
 ) -> list[Claimed]:
     """Lease up to `n` pending items of a runnable job (or one group of suspects) to `owner`."""
-    state = lock_jobs(conn, [job_id]).get(job_id)
+    # Suspects are claimed one group at a time (the halving in _CLAIM_SUSPECTS counts what
+    # the others took): their claims exclude each other, as stores of the job do.
+    state = lock_jobs(conn, [job_id], Lock.items if suspects else Lock.claim).get(job_id)
     if state is None or state.status not in RUNNABLE or state.expired:
         return []
     if n <= 0 and not suspects:
@@ -480,8 +518,7 @@ def finalize_jobs(conn: sa.Connection, job_ids: Iterable[uuid.UUID] | None = Non
                               WHEN expired > 0 THEN 'expired'
                               ELSE 'completed' END,
                 finished_at = now()
-            WHERE {where} status IN {UNFINISHED_SQL}
-              AND pending = 0 AND running = 0
+            WHERE {where} status IN {UNFINISHED_SQL} AND unfinished = 0
             """  # noqa: S608 - `where` is one of two literals above, the set enum constants
         ),
         params,
@@ -492,7 +529,7 @@ def finalize_jobs(conn: sa.Connection, job_ids: Iterable[uuid.UUID] | None = Non
 def expire_job(conn: sa.Connection, job_id: uuid.UUID) -> int:
     """Past its completion window: unstarted items expire (running ones are aborted by their
     workers, or released by the sweeper and expired on its next pass)."""
-    state = lock_jobs(conn, [job_id]).get(job_id)
+    state = lock_jobs(conn, [job_id], Lock.status).get(job_id)
     if state is None or state.status not in RUNNABLE or not state.expired:
         return 0
     result = conn.execute(
@@ -537,7 +574,7 @@ def release_lapsed(conn: sa.Connection, owner: str) -> int:
 
 def fail_job(conn: sa.Connection, job_id: uuid.UUID, *, code: str, message: str) -> bool:
     """A job-level failure (e.g. a model no worker serves): its unstarted items fail with it."""
-    state = lock_jobs(conn, [job_id]).get(job_id)
+    state = lock_jobs(conn, [job_id], Lock.status).get(job_id)
     if state is None or state.status not in RUNNABLE:
         return False
     conn.execute(
@@ -563,7 +600,7 @@ def cancel_job(conn: sa.Connection, job_id: uuid.UUID) -> tuple[bool, str] | Non
     Returns (whether this call cancelled it, the job's status afterwards), or None when there
     is no such job. A job that was no longer queued or running is left as it was.
     """
-    state = lock_jobs(conn, [job_id]).get(job_id)
+    state = lock_jobs(conn, [job_id], Lock.status).get(job_id)
     if state is None:
         return None
     if state.status not in RUNNABLE:
@@ -585,6 +622,32 @@ def mark_hinted(conn: sa.Connection, job_id: uuid.UUID) -> None:
     conn.execute(sa.text("UPDATE jobs SET hinted_at = now() WHERE id = :id"), {"id": job_id})
 
 
+# A job with items nobody has claimed. `unfinished` (one column) rules out finished jobs first;
+# the pending items are then looked up in the job's range of ix_items_job_id_status_seq.
+_HAS_PENDING = (
+    "jobs.unfinished > 0 AND EXISTS (SELECT 1 FROM items "
+    "WHERE items.job_id = jobs.id AND items.status = 'pending')"
+)
+
+
+def job_to_adopt(
+    conn: sa.Connection, *, model: str, exclude: Sequence[uuid.UUID]
+) -> uuid.UUID | None:
+    """The most urgent runnable job of `model` with unclaimed items, but those in `exclude`:
+    one an idle worker may take a share of."""
+    return conn.execute(
+        sa.text(
+            f"""
+            SELECT id FROM jobs
+            WHERE status IN {RUNNABLE_SQL} AND {_HAS_PENDING}
+              AND model = :model AND expires_at > now() AND NOT (id = ANY(:exclude))
+            ORDER BY priority DESC, created_at LIMIT 1
+            """  # noqa: S608 - RUNNABLE_SQL and _HAS_PENDING are constants
+        ),
+        {"model": model, "exclude": list(exclude)},
+    ).scalar()
+
+
 def stale_jobs(conn: sa.Connection, *, stale_s: float) -> list[uuid.UUID]:
     """Runnable jobs with pending items and no hint for `stale_s` seconds: a lost or
     never-sent hint. Most urgent first."""
@@ -593,10 +656,10 @@ def stale_jobs(conn: sa.Connection, *, stale_s: float) -> list[uuid.UUID]:
             sa.text(
                 f"""
                 SELECT id FROM jobs
-                WHERE status IN {RUNNABLE_SQL} AND pending > 0
+                WHERE status IN {RUNNABLE_SQL} AND {_HAS_PENDING}
                   AND (hinted_at IS NULL OR hinted_at < now() - make_interval(secs => :s))
                 ORDER BY priority DESC, created_at
-                """  # noqa: S608 - RUNNABLE_SQL is made of enum constants
+                """  # noqa: S608 - RUNNABLE_SQL and _HAS_PENDING are constants
             ),
             {"s": stale_s},
         ).scalars()

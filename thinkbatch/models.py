@@ -3,7 +3,8 @@
 Postgres is the system of record. An item is claimed with a lease and an attempt counter; its
 result is a row whose primary key is the item id, so an item can never hold two results.
 A job's per-status counts and token usage are kept by statement-level triggers (see the first
-migration), so a status call reads one row however large the job is.
+migration and 0004), so a status call reads one row however large the job is, and the job's
+running items by an index.
 """
 
 from __future__ import annotations
@@ -86,6 +87,10 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+# The columns of items that Job.running counts by, declared here because Job comes first.
+_ITEMS = sa.table("items", sa.column("job_id"), sa.column("status"))
+
+
 class Job(Base):
     __tablename__ = "jobs"
 
@@ -113,8 +118,24 @@ class Job(Base):
 
     # Maintained by triggers on items and item_results; never written by application code.
     total: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
-    pending: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
-    running: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
+    # Pending and running together: a claim moves items between the two and so leaves the job
+    # row alone, and does not wait for a store of the same job to commit (migration 0004).
+    unfinished: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
+    # The split, read from the items in the same statement (one index range of the job's
+    # running items, at most the workers' windows), so the two always add up to `unfinished`.
+    running: orm.Mapped[int] = orm.column_property(
+        sa.select(sa.func.count())
+        .select_from(_ITEMS)
+        .where(_ITEMS.c.job_id == id, _ITEMS.c.status == "running")
+        .scalar_subquery()
+    )
+    pending: orm.Mapped[int] = orm.column_property(
+        unfinished
+        - sa.select(sa.func.count())
+        .select_from(_ITEMS)
+        .where(_ITEMS.c.job_id == id, _ITEMS.c.status == "running")
+        .scalar_subquery()
+    )
     succeeded: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
     failed: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
     cancelled: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")

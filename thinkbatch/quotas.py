@@ -77,7 +77,7 @@ def check_unfinished_items(
     being stored), plus the `adding` items of that job, must stay within
     TENANT_MAX_UNFINISHED_ITEMS."""
     limit = settings.tenant_max_unfinished_items
-    query = sa.select(sa.func.coalesce(sa.func.sum(Job.pending + Job.running), 0)).where(
+    query = sa.select(sa.func.coalesce(sa.func.sum(Job.unfinished), 0)).where(
         Job.tenant == tenant, Job.status.in_(ACTIVE_JOB_STATUSES)
     )
     if exclude is not None:

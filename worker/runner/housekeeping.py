@@ -109,14 +109,7 @@ class Housekeeper:
         self._adopted = {j: at for j, at in self._adopted.items() if now - at < ADOPT_AGAIN_AFTER_S}
         mine = [*self.inflight.job_ids(), *self._adopted]
         with self.db.connect() as conn:
-            job_id = conn.execute(
-                sa.text(
-                    f"SELECT id FROM jobs WHERE status IN {ledger.RUNNABLE_SQL} AND pending > 0"  # noqa: S608 - enum constants
-                    " AND model = :model AND expires_at > now() AND NOT (id = ANY(:mine))"
-                    " ORDER BY priority DESC, created_at LIMIT 1"
-                ),
-                {"model": self.settings.model_name, "mine": mine},
-            ).scalar()
+            job_id = ledger.job_to_adopt(conn, model=self.settings.model_name, exclude=mine)
         if job_id is not None and self.publish_here(job_id):
             log.info("idle: taking a share of job %s", job_id)
             self._adopted[job_id] = now
