@@ -43,6 +43,8 @@ from bench.cpu import cpu_used
 from bench.cpu import print_stages
 from bench.cpu import wait_engines_idle
 from bench.cpu import worker_cpu
+from bench.pg_waits import INTERVAL_S
+from bench.pg_waits import PgWaits
 from devstack import local_stack
 from devstack.services import free_port
 from devstack.stack import ROOT
@@ -418,10 +420,11 @@ def run_ceiling(
     try:
         client, spy, port = start_system(stack, settings, profile)
         db = sa.create_engine(database_url)
-        results = [
-            system_round(client, db, CEILING_ITEMS, CEILING_TOKENS, 2000 + r, port)
-            for r in range(rounds)
-        ]
+        results = []
+        for r in range(rounds):
+            with PgWaits(database_url) as waits:
+                result = system_round(client, db, CEILING_ITEMS, CEILING_TOKENS, 2000 + r, port)
+            results.append(result | {"waits": waits})
         db.dispose()
         return results
     finally:
@@ -429,6 +432,16 @@ def run_ceiling(
             spy.send_signal(signal.SIGINT)
             spy.wait(30)
         stack.stop_all()
+
+
+def host_speed() -> float:
+    """Seconds for a fixed pure-Python loop: a machine's figures differ by its speed (this
+    benchmark ran on hosts 2.5x apart), and this says which kind of host printed them."""
+    started = time.perf_counter()
+    total = 0
+    for i in range(10_000_000):
+        total += i
+    return time.perf_counter() - started
 
 
 def main() -> int:
@@ -566,6 +579,12 @@ def main() -> int:
             f"submit {best['submit_seconds']:.2f} s, first result "
             f"{best['first_result_seconds']:.2f} s, completed {best['seconds']:.2f} s"
         )
+        # Where Postgres's work for the pipeline waits (bench/pg_waits.py), same round.
+        waits = best["waits"]
+        every = f"{INTERVAL_S * 1000:.0f} ms"
+        print(f"postgres in that round, sampled every {every}: {waits.summary()}")
+        for query, count in waits.locked.most_common(3):
+            print(f"  waited on a lock in {100 * count / waits.samples:.0f}% of them: {query}")
     columns = [(f"{t} tok", median_round(system_rounds[t]), n) for t in lengths]
     if ceiling:
         columns.append(("ceiling", median_round(ceiling), CEILING_ITEMS))
@@ -583,6 +602,7 @@ def main() -> int:
             print(f"  {share:5.1f}%  {frame}")
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cpus, python {platform.python_version()}"
+        f", {host_speed():.2f} s for a pure-Python loop of 10M additions (to compare hosts)"
     )
     return 0
 
