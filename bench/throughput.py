@@ -434,16 +434,6 @@ def run_ceiling(
         stack.stop_all()
 
 
-def host_speed() -> float:
-    """Seconds for a fixed pure-Python loop: a machine's figures differ by its speed (this
-    benchmark ran on hosts 2.5x apart), and this says which kind of host printed them."""
-    started = time.perf_counter()
-    total = 0
-    for i in range(10_000_000):
-        total += i
-    return time.perf_counter() - started
-
-
 def main() -> int:
     if "--speculative" in sys.argv[1:]:  # its own benchmark, with its own options
         from bench import speculative
@@ -602,7 +592,6 @@ def main() -> int:
             print(f"  {share:5.1f}%  {frame}")
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cpus, python {platform.python_version()}"
-        f", {host_speed():.2f} s for a pure-Python loop of 10M additions (to compare hosts)"
     )
     return 0
 
