@@ -91,6 +91,16 @@ def _utcnow() -> datetime:
 _ITEMS = sa.table("items", sa.column("job_id"), sa.column("status"))
 
 
+def _running_items(job_id: Any) -> sa.ScalarSelect[int]:
+    """The number of the job's running items, as a subquery of a SELECT from jobs."""
+    return (
+        sa.select(sa.func.count())
+        .select_from(_ITEMS)
+        .where(_ITEMS.c.job_id == job_id, _ITEMS.c.status == "running")
+        .scalar_subquery()
+    )
+
+
 class Job(Base):
     __tablename__ = "jobs"
 
@@ -123,19 +133,8 @@ class Job(Base):
     unfinished: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
     # The split, read from the items in the same statement (one index range of the job's
     # running items, at most the workers' windows), so the two always add up to `unfinished`.
-    running: orm.Mapped[int] = orm.column_property(
-        sa.select(sa.func.count())
-        .select_from(_ITEMS)
-        .where(_ITEMS.c.job_id == id, _ITEMS.c.status == "running")
-        .scalar_subquery()
-    )
-    pending: orm.Mapped[int] = orm.column_property(
-        unfinished
-        - sa.select(sa.func.count())
-        .select_from(_ITEMS)
-        .where(_ITEMS.c.job_id == id, _ITEMS.c.status == "running")
-        .scalar_subquery()
-    )
+    running: orm.Mapped[int] = orm.column_property(_running_items(id))
+    pending: orm.Mapped[int] = orm.column_property(unfinished - _running_items(id))
     succeeded: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
     failed: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
     cancelled: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
