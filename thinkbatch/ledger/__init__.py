@@ -1,0 +1,89 @@
+"""Every state change of items, as fenced SQL on one connection. The worker, the sweeper and
+the API's cancel all go through here.
+
+Two rules keep this correct under concurrency:
+
+* A transaction that changes items first locks their job rows, in id order (`lock_jobs`), in
+  one of three strengths (`Lock`). The count triggers update those rows anyway; taking the locks
+  up front, in one order, means two transactions can never deadlock over them. A claim takes the
+  weakest, which a store's update of the same job's counts does not wait for (nor it for the
+  store: a claim changes no count, migration 0004); a change of the job's status takes the
+  strongest, so a cancel cannot interleave with a claim.
+* A write from a worker is fenced: it applies only while the item is still `running` under the
+  same `lease_owner` and `attempts` that the claim handed out. A late, duplicate or superseded
+  delivery therefore changes nothing, and an item holds at most one result (primary key).
+
+The parts, each importing only those above it: `statuses` and `rows` (the shared constants and
+row types), `locks` (the first rule), `claims`, `jobs` (job status changes), `items` (the fenced
+writes of the second rule, and the releases), `hints` and `workers`.
+"""
+
+from thinkbatch.ledger.claims import claim
+from thinkbatch.ledger.claims import has_suspects
+from thinkbatch.ledger.hints import job_to_adopt
+from thinkbatch.ledger.hints import mark_hinted
+from thinkbatch.ledger.hints import stale_jobs
+from thinkbatch.ledger.items import complete
+from thinkbatch.ledger.items import end_items
+from thinkbatch.ledger.items import fail
+from thinkbatch.ledger.items import release
+from thinkbatch.ledger.items import release_crashed
+from thinkbatch.ledger.items import release_lapsed
+from thinkbatch.ledger.jobs import cancel_job
+from thinkbatch.ledger.jobs import expire_job
+from thinkbatch.ledger.jobs import fail_job
+from thinkbatch.ledger.jobs import finalize_jobs
+from thinkbatch.ledger.locks import Lock
+from thinkbatch.ledger.locks import job_state
+from thinkbatch.ledger.locks import lock_jobs
+from thinkbatch.ledger.rows import Claimed
+from thinkbatch.ledger.rows import Done
+from thinkbatch.ledger.rows import Failed
+from thinkbatch.ledger.rows import JobState
+from thinkbatch.ledger.rows import Locked
+from thinkbatch.ledger.statuses import RUNNABLE
+from thinkbatch.ledger.statuses import RUNNABLE_SQL
+from thinkbatch.ledger.statuses import UNFINISHED
+from thinkbatch.ledger.statuses import UNFINISHED_SQL
+from thinkbatch.ledger.statuses import sql_in
+from thinkbatch.ledger.workers import beat
+from thinkbatch.ledger.workers import mark_stopped
+from thinkbatch.ledger.workers import owners_to_release
+from thinkbatch.ledger.workers import register_worker
+from thinkbatch.ledger.workers import stop_silent_workers
+
+__all__ = [
+    "RUNNABLE",
+    "RUNNABLE_SQL",
+    "UNFINISHED",
+    "UNFINISHED_SQL",
+    "Claimed",
+    "Done",
+    "Failed",
+    "JobState",
+    "Lock",
+    "Locked",
+    "beat",
+    "cancel_job",
+    "claim",
+    "complete",
+    "end_items",
+    "expire_job",
+    "fail",
+    "fail_job",
+    "finalize_jobs",
+    "has_suspects",
+    "job_state",
+    "job_to_adopt",
+    "lock_jobs",
+    "mark_hinted",
+    "mark_stopped",
+    "owners_to_release",
+    "register_worker",
+    "release",
+    "release_crashed",
+    "release_lapsed",
+    "sql_in",
+    "stale_jobs",
+    "stop_silent_workers",
+]
