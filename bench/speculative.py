@@ -70,7 +70,7 @@ def run_arm(args: argparse.Namespace) -> None:
     overrides: dict[str, Any] = {}
     if args.arm == "ngram":
         overrides["speculative_config"] = ngram_config(args.k)
-    engine = VLLMEngine(Settings(**overrides))  # type: ignore[arg-type]
+    engine = VLLMEngine(Settings(**overrides))
     greedy = resolve_sampling(
         {"temperature": 0, "max_tokens": args.max_tokens}, None, default_max_tokens=64
     )
@@ -113,7 +113,7 @@ def run_arm(args: argparse.Namespace) -> None:
             ("batch", True, conversations),
             ("one at a time", False, conversations[: args.one_at_a_time]),
         ):
-            best = None
+            best: dict[str, Any] | None = None
             for _ in range(args.rounds):
                 started = time.perf_counter()
                 outs = await generate(chosen, batch)

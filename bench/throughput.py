@@ -25,303 +25,28 @@ import json
 import os
 import platform
 import signal
-import subprocess
 import sys
 import tempfile
-import time
 from contextlib import ExitStack
-from datetime import UTC
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import sqlalchemy as sa
 
-from bench.cpu import cpu_snapshot
-from bench.cpu import cpu_used
 from bench.cpu import print_stages
 from bench.cpu import wait_engines_idle
-from bench.cpu import worker_cpu
 from bench.pg_waits import INTERVAL_S
 from bench.pg_waits import PgWaits
+from bench.raw_arm import RawArm
+from bench.system_arm import start_system
+from bench.system_arm import system_round
+from bench.system_arm import top_frames
+from bench.system_arm import write_capacity
+from bench.workload import CPU_BENCH
 from devstack import local_stack
-from devstack.services import free_port
-from devstack.stack import ROOT
 from devstack.stack import Stack
 from devstack.stack import has_gpu
-from devstack.stack import readiness_wait
-from thinkbatch.keys import issue_key
 from thinkbatch.settings import Settings
-
-# On this CPU: a full vLLM batch (256 sequences) and room for it in the KV cache.
-CPU_BENCH = {
-    "THINKBATCH_MAX_NUM_SEQS": "256",
-    "THINKBATCH_CPU_KVCACHE_SPACE_GIB": "2",
-    "THINKBATCH_MAX_MODEL_LEN": "512",
-}
-
-
-def prompts(n: int, round_no: int = 0) -> list[dict[str, Any]]:
-    """n prompts; each round's differ from the first tokens on, so no round reuses another's
-    prefix cache."""
-    topics = [
-        "continuous batching", "PagedAttention", "the KV cache", "left padding",
-        "speculative decoding", "prefix caching", "tensor parallelism", "quantization",
-    ]  # fmt: skip
-    return [
-        {
-            "custom_id": f"b{k}",
-            "messages": [
-                {
-                    "role": "user",
-                    "content": f"Round {round_no}, question {k}: "
-                    f"explain {topics[k % len(topics)]}.",
-                }
-            ],
-        }
-        for k in range(n)
-    ]
-
-
-RAW_MARK = "RAW-ARM "
-
-
-def serve_raw(n: int, max_tokens: int) -> None:
-    """The raw arm, in this (child) process: the worker's adapter fed all prompts at once. It
-    runs a round for each `round R` line on stdin, so that the parent can interleave the arms
-    and both see the same moments of a noisy host."""
-    import asyncio
-    import gc
-    import uuid
-
-    from thinkbatch.ledger import Claimed
-    from thinkbatch.sampling import resolve_sampling
-    from worker.vllm_engine import VLLMEngine
-
-    settings = Settings()
-    engine = VLLMEngine(settings)
-
-    async def main() -> None:
-        await engine.start()
-        # As the worker does once it is ready (worker/lifecycle.py), and `vllm serve` after
-        # its start-up: the arms differ only by the job system.
-        gc.collect()
-        gc.freeze()
-        print(RAW_MARK + "ready", flush=True)
-        while True:
-            line = await asyncio.to_thread(sys.stdin.readline)
-            if not line.startswith("round "):
-                break
-            _, round_no, tokens = line.split()
-            result = await one_round(int(round_no), int(tokens))
-            print(RAW_MARK + json.dumps(result), flush=True)
-        await engine.shutdown()
-
-    async def one_round(round_no: int, tokens: int) -> dict[str, Any]:
-        params = {"ignore_eos": True, "max_tokens": tokens, "temperature": 0}
-        items = [
-            Claimed(k, uuid.uuid4(), k, p["custom_id"], p["messages"], None, None, 1, 0)
-            for k, p in enumerate(prompts(n, round_no))
-        ]
-        sampling = [resolve_sampling(params, None, default_max_tokens=tokens)] * n
-        prepared = engine.prepare(items, sampling)
-        finished: list[float] = []
-
-        async def one(k: int, p: Any) -> Any:
-            out = await engine.generate(f"raw-{round_no}-{tokens}-{k}", p)
-            finished.append(time.perf_counter())
-            return out
-
-        cpu_before = cpu_snapshot()
-        load_before = engine.scheduler_load()
-        started = time.perf_counter()
-        outs = await asyncio.gather(*(one(k, p) for k, p in enumerate(prepared)))
-        elapsed = time.perf_counter() - started
-        cpu = cpu_used(cpu_before)
-        load = engine.scheduler_load()
-        assert load is not None  # the engine has stepped
-        return {
-            "seconds": elapsed,
-            "steps": load.steps - (load_before.steps if load_before else 0),
-            "step_requests": load.step_requests - (load_before.step_requests if load_before else 0),
-            "first_result_seconds": min(finished) - started,
-            "cpu": cpu,
-            "output_tokens": sum(len(o.token_ids) for o in outs),
-        }
-
-    asyncio.run(main())
-
-
-class RawArm:
-    """The parent's handle on the raw arm's process."""
-
-    def __init__(self, env: dict[str, str], n: int, max_tokens: int):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.throughput", "--raw-only",
-             "--items", str(n), "--max-tokens", str(max_tokens)],
-            env=env, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, text=True,
-        )  # fmt: skip
-
-    def _reply(self) -> str:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line.startswith(RAW_MARK):
-                return line[len(RAW_MARK) :].strip()
-        raise RuntimeError(f"the raw arm exited with {self.proc.wait()}")
-
-    def wait_ready(self) -> None:
-        self._reply()
-
-    def round(self, round_no: int, max_tokens: int) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(f"round {round_no} {max_tokens}\n")
-        self.proc.stdin.flush()
-        return json.loads(self._reply())
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-
-def start_system(
-    stack: Stack, settings: Settings, profile: Path | None
-) -> tuple[httpx.Client, Any, int]:
-    """The job system arm: one API and one worker (and py-spy on the worker if asked). Returns
-    the client, py-spy's process and the worker's metrics port (its CPU by stage)."""
-    api = stack.start_api(workers=2)
-    metrics_port = free_port()
-    worker = stack.start_worker(
-        "worker", env={"THINKBATCH_WORKER_METRICS_PORT": str(metrics_port)}, wait=False
-    )
-    stack.wait_worker_ready(worker, **readiness_wait(settings))
-    spy = None
-    if profile is not None:  # sample the worker's Python stacks while the jobs run
-        spy = subprocess.Popen(
-            [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(worker.pid),
-             "--rate", "50", "--gil", "--nonblocking", "--format", "raw", "--output", str(profile)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        time.sleep(1)
-    key = issue_key(
-        stack.env.get("THINKBATCH_DATABASE_URL") or Settings().require_database_url(),
-        "bench",
-        "make bench",
-    )
-    client = httpx.Client(
-        base_url=f"http://127.0.0.1:{api.port}",
-        timeout=300,
-        headers={"Authorization": f"Bearer {key}"},
-    )
-    return client, spy, metrics_port
-
-
-def system_round(
-    client: httpx.Client,
-    db: sa.Engine,
-    n: int,
-    max_tokens: int,
-    round_no: int,
-    metrics_port: int,
-) -> dict[str, Any]:
-    body = {
-        "items": prompts(n, round_no),
-        "params": {"ignore_eos": True, "max_tokens": max_tokens, "temperature": 0},
-    }
-    database = db.url.database or ""
-    cpu_before = cpu_snapshot(database)
-    stages_before = worker_cpu(metrics_port)
-    submitted = datetime.now(UTC)
-    started = time.perf_counter()
-    job = client.post("/v1/jobs", json=body).raise_for_status().json()
-    submit_s = time.perf_counter() - started
-    while job["status"] in ("queued", "running"):
-        # As a client polls: once a second. The job's own finished_at ends the measurement, so
-        # the interval only sets how much CPU the polling takes from the engine: a GET of a
-        # 2,000-item job takes 4-6 ms of API and Postgres time, ~25 of them a round at 0.2 s.
-        time.sleep(1.0)
-        job = client.get(f"/v1/jobs/{job['id']}").raise_for_status().json()
-    cpu = cpu_used(cpu_before, database)
-    stages_after = worker_cpu(metrics_port)
-    if job["status"] != "completed" or job["counts"]["succeeded"] != n:
-        raise RuntimeError(f"the benchmark job did not complete: {job}")
-    with db.connect() as conn:
-        first, last = conn.execute(
-            sa.text("SELECT min(created_at), max(created_at) FROM item_results WHERE job_id = :j"),
-            {"j": job["id"]},
-        ).one()
-        first_claim = conn.execute(
-            sa.text("SELECT min(started_at) FROM items WHERE job_id = :j"), {"j": job["id"]}
-        ).scalar_one()
-    finished = datetime.fromisoformat(job["finished_at"])
-    stages = {k: v - stages_before.get(k, 0.0) for k, v in stages_after.items()}
-    return {
-        "seconds": (finished - submitted).total_seconds(),
-        "steps": stages.pop("engine steps", 0.0),
-        "step_requests": stages.pop("engine step requests", 0.0),
-        "submit_seconds": submit_s,
-        "first_claim_seconds": (first_claim - submitted).total_seconds(),
-        "first_result_seconds": (first - submitted).total_seconds(),
-        "last_result_seconds": (last - submitted).total_seconds(),
-        "rows_per_second": n / max((last - first).total_seconds(), 1e-9),
-        "output_tokens": job["usage"]["completion_tokens"],
-        "cpu": cpu,
-        "stages": stages,
-    }
-
-
-def write_capacity(database_url: str, n: int = 6000, batch: int = 500) -> float:
-    """Rows/s the worker's result statement (ledger.complete) stores, apart from the engine."""
-    from sqlalchemy import orm
-
-    from thinkbatch import job_create
-    from thinkbatch import ledger
-    from thinkbatch.keys import LOCAL
-    from thinkbatch.schemas import JobCreate
-
-    settings = Settings(database_url=database_url)
-    engine = sa.create_engine(database_url)
-    spec = JobCreate.model_validate({"items": [{"prompt": f"p{k}"} for k in range(n)]})
-    owner = f"bench-{os.getpid()}-{time.time_ns()}"  # runs against the same database add up
-    with orm.Session(engine) as session, session.begin():
-        job_id = job_create.create_job(session, LOCAL, spec, settings).id
-        session.execute(
-            sa.text("INSERT INTO workers (id, hostname, pid, model) VALUES (:id, 'h', 0, 'm')"),
-            {"id": owner},
-        )
-    with engine.begin() as conn:
-        claimed = ledger.claim(conn, job_id, owner=owner, n=n, lease_s=600)
-    text = "Continuous batching keeps the engine busy. " * 6
-    done = [ledger.Done(c.id, job_id, c.attempt, text, text, "length", False, 20, 64, 30)
-            for c in claimed]  # fmt: skip
-    started = time.perf_counter()
-    for k in range(0, n, batch):
-        with engine.begin() as conn:
-            ledger.complete(conn, owner, done[k : k + batch])
-    elapsed = time.perf_counter() - started
-    with engine.begin() as conn:
-        ledger.finalize_jobs(conn, [job_id])
-        ledger.mark_stopped(conn, owner)
-    engine.dispose()
-    return n / elapsed
-
-
-def top_frames(folded: Path, limit: int = 12) -> list[tuple[float, str]]:
-    """Share of the worker's samples by innermost frame, from py-spy's raw output."""
-    counts: dict[str, int] = {}
-    total = 0
-    for line in folded.read_text().splitlines():
-        stack, _, n = line.rpartition(" ")
-        leaf = stack.rsplit(";", 1)[-1]
-        counts[leaf] = counts.get(leaf, 0) + int(n)
-        total += int(n)
-    ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:limit]
-    return [(100 * c / max(total, 1), frame) for frame, c in ranked]
 
 
 def median_round(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -465,11 +190,7 @@ def main() -> int:
         action="store_true",
         help="instead: speculative decoding on and off (bench/speculative.py, its own options)",
     )
-    parser.add_argument("--raw-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.raw_only:  # child process of the raw arm
-        serve_raw(args.items, args.max_tokens)
-        return 0
     parts = {p.strip() for p in args.only.split(",") if p.strip()}
     if not parts or parts - {"long", "short", "ceiling"}:
         parser.error("--only takes long, short and ceiling")
