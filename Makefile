@@ -33,7 +33,7 @@ gpu-check:           ## on a GPU host: driver, compilers, the real stack, thinki
 	@$(MAKE) --no-print-directory install
 	$(PY) scripts/gpu_check.py $(ARGS)
 
-lint: install        ## ruff (rules and format) and mypy --strict on thinkbatch/, api/ and devstack/
+lint: install        ## ruff (rules and format) and mypy --strict on thinkbatch/, api/, worker/, devstack/, bench/ and scripts/
 	$(PY) -m ruff check . && $(PY) -m ruff format --check . && $(PY) -m mypy
 
 clean:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
+from typing import TypedDict
 
 import psutil
 
@@ -234,7 +235,14 @@ class Stack:
         self.procs.clear()
 
 
-def readiness_wait(settings: Settings) -> dict[str, float | None]:
+class ReadinessWait(TypedDict):
+    """`Stack.wait_worker_ready`'s limits, passed on with **."""
+
+    timeout: float | None
+    stall_s: float | None
+
+
+def readiness_wait(settings: Settings) -> ReadinessWait:
     """How long to wait for a worker, by what it loads: the demo model is local and small (a
     fixed 300 s); any other model may first download many GB and compile CUDA graphs, so the
     wait lasts while the worker shows progress and fails after 10 minutes without any."""

@@ -117,6 +117,7 @@ def preflight() -> int:
         print(f"gpu-check: no NVIDIA GPU found ({why}). Run it on a host with an NVIDIA GPU and")
         print("its driver; this machine can run the CPU demo instead (make demo).")
         return 2
+    assert smi is not None  # a listing ran, so nvidia-smi is there
     gpus = parse_gpus(listing.stdout)
     banner = subprocess.run([smi], capture_output=True, text=True).stdout
     install = _install_module()
@@ -175,8 +176,8 @@ def run_stack_checks(model: str, max_tokens: int) -> int:
     import httpx
     import sqlalchemy as sa
 
-    from bench.throughput import RawArm
-    from bench.throughput import system_round
+    from bench.raw_arm import RawArm
+    from bench.system_arm import system_round
     from devstack import local_stack
     from devstack.stack import readiness_wait
     from thinkbatch.keys import issue_key
@@ -195,26 +196,26 @@ def run_stack_checks(model: str, max_tokens: int) -> int:
                 worker, **readiness_wait(settings), on_status=lambda s: print(f"  worker: {s}")
             )
             key = issue_key(database_url, "gpu-check", "make gpu-check")
-            client = httpx.Client(
+            with httpx.Client(
                 base_url=f"http://127.0.0.1:{api.port}",
                 timeout=300,
                 headers={"Authorization": f"Bearer {key}"},
-            )
-            for enable in (True, False):
-                problem = judge_thinking(thinking_job(client, enable), enable)
-                word = "on" if enable else "off"
-                print(f"{ITEMS}-item job, thinking {word}: {problem or 'ok'}", flush=True)
-                if problem:
-                    failures.append(problem)
-            db = sa.create_engine(database_url)
-            system = system_round(client, db, ITEMS, max_tokens, round_no=1)
-            db.dispose()
+            ) as client:
+                for enable in (True, False):
+                    problem = judge_thinking(thinking_job(client, enable), enable)
+                    word = "on" if enable else "off"
+                    print(f"{ITEMS}-item job, thinking {word}: {problem or 'ok'}", flush=True)
+                    if problem:
+                        failures.append(problem)
+                db = sa.create_engine(database_url)
+                system = system_round(client, db, ITEMS, max_tokens, round_no=1)
+                db.dispose()
         finally:
             stack.stop_all()  # frees the GPU before the raw engine loads
         raw_arm = RawArm(stack.env, ITEMS, max_tokens)
         try:
             raw_arm.wait_ready()
-            raw = raw_arm.round(1)
+            raw = raw_arm.round(1, max_tokens)
         finally:
             raw_arm.close()
     print(f"{'arm':12} {'items/s':>9} {'out tok/s':>10}   ({ITEMS} items x {max_tokens} tokens)")

@@ -91,7 +91,7 @@ def installed(venv_dir: Path, name: str) -> bool:
 
 def has_gpu() -> bool:
     smi = shutil.which("nvidia-smi")
-    return bool(smi) and subprocess.run([smi], capture_output=True).returncode == 0
+    return smi is not None and subprocess.run([smi], capture_output=True).returncode == 0
 
 
 def reachable(url: str) -> bool:

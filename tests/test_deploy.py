@@ -249,3 +249,38 @@ def test_readiness_wait_depends_on_the_model_and_reports_progress(tmp_path: Path
         stack.stop_all()
     assert any(line.startswith("downloading the model") for line in seen), seen
     assert "loading weights" in seen
+
+
+@pytest.mark.slow  # two vLLM engines start one after the other: ~2 min on this CPU
+def test_gpu_check_stack_steps_run_on_the_demo_model(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Steps 3-5 of `make gpu-check` (the stack, a job with thinking on and one with it off, the
+    job system against the raw engine) need a GPU host to run from its command, so nothing here
+    ran them, and a change to the bench helpers they call once broke step 5 unseen. They run
+    here on the demo model with the CPU engine settings; only the ratio may miss its GPU bar."""
+    from demo.model import DEFAULT_DIR
+    from tests.stacks import VLLM_ENV
+    from tests.stacks import build_demo_model
+
+    build_demo_model()
+    for name, value in VLLM_ENV.items():
+        monkeypatch.setenv(name, value)
+    for name in ("THINKBATCH_DATABASE_URL", "THINKBATCH_REDIS_URL"):  # its own embedded ones
+        monkeypatch.delenv(name, raising=False)
+    check = load_script("gpu_check")
+    code = check.run_stack_checks(str(Path(DEFAULT_DIR).resolve()), max_tokens=16)
+    out = capsys.readouterr().out
+    assert f"{check.ITEMS}-item job, thinking on: ok" in out, out
+    assert f"{check.ITEMS}-item job, thinking off: ok" in out, out
+    rates = dict(
+        (line[:12].strip(), float(line.split()[2]))
+        for line in out.splitlines()
+        if line.startswith(("raw engine ", "job system "))
+    )
+    assert set(rates) == {"raw engine", "job system"} and all(r > 0 for r in rates.values()), out
+    verdict = out.strip().splitlines()[-1]
+    assert verdict == "gpu-check: PASS" or verdict.startswith(
+        "gpu-check: FAIL: the job system reached"
+    ), out
+    assert code == (0 if verdict.endswith("PASS") else 1)

@@ -158,4 +158,5 @@ def create_engine(settings: Settings) -> Engine:
     """Build the engine named by ENGINE; its module is imported only when chosen."""
     module_name, class_name = _ENGINES[settings.engine]
     cls = getattr(importlib.import_module(module_name), class_name)
-    return cls(settings)
+    engine: Engine = cls(settings)
+    return engine

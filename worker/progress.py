@@ -95,7 +95,8 @@ class EngineInfo(bootsteps.StartStopStep):
     # Only a StartStopStep joins the list whose info() makes the stats; it starts nothing.
     requires = ("celery.worker.components:Pool",)
 
-    def info(self, parent: Any) -> dict[str, Any]:
+    # The stub says info() returns None; Celery merges what it returns into the worker's stats.
+    def info(self, parent: Any) -> dict[str, Any]:  # type: ignore[override]
         from worker import lifecycle
 
         runner = lifecycle.current_runner()

@@ -70,8 +70,8 @@ def main(read_end: int) -> None:
         buffer += chunk
         *lines, buffer = buffer.split(b"\n")
         for line in lines:
-            pid, created = line.split()
-            watched[int(pid)] = float(created)
+            pid_field, created_field = line.split()
+            watched[int(pid_field)] = float(created_field)
     for pid, created in watched.items():
         _kill_tree(pid, created)
 

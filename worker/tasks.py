@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 # Results are kept (for RESULT_EXPIRES, a day): Flower's /api/task/result then reports the
 # final counts instead of PROGRESS forever. Postgres stays the truth; these are a display.
 @shared_task(bind=True, name=RUN_JOB, ignore_result=False)
-def run_job(self: Task, job_id: str) -> dict[str, Any]:
+def run_job(self: Task[Any, Any], job_id: str) -> dict[str, Any]:
     try:
         key = uuid.UUID(job_id)
     except ValueError:

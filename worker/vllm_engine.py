@@ -296,7 +296,9 @@ class VLLMEngine:
         start, end = self.think.start_id, self.think.end_id
         if start is None or end is None:
             return False
-        ok = config.reasoning_start_token_ids == [start] and config.reasoning_end_token_ids == [end]
+        ok = bool(
+            config.reasoning_start_token_ids == [start] and config.reasoning_end_token_ids == [end]
+        )
         if not ok:
             log.warning(
                 "the reasoning config's ids %s/%s are not the model's think ids %s/%s: "
@@ -330,12 +332,13 @@ class VLLMEngine:
     def _render(self, item: Claimed, sampling: Sampling) -> str:
         if item.messages is None:
             return item.prompt or ""
-        return self.tokenizer.apply_chat_template(
+        text: str = self.tokenizer.apply_chat_template(
             item.messages,
             tokenize=False,
             add_generation_prompt=True,
             enable_thinking=sampling.enable_thinking,
         )
+        return text
 
     def prepare(
         self, items: Sequence[Claimed], sampling: Sequence[Sampling]
@@ -414,7 +417,10 @@ class VLLMEngine:
         if s.thinking_budget is None:
             return None
         if not opened:
-            return SAMPLING_LIMITS["thinking_budget"].engine(s.thinking_budget)[1]
+            budget: int = SAMPLING_LIMITS["thinking_budget"].engine(s.thinking_budget)[1]
+            return budget
+        # `opened` means the prompt holds the model's <think> id (prompt_opens_thinking).
+        assert self.think.start_id is not None
         in_prompt = len(prompt_ids) - 1 - prompt_ids[::-1].index(self.think.start_id)
         return s.thinking_budget + in_prompt
 
@@ -471,7 +477,8 @@ class VLLMEngine:
     def _decode(self, token_ids: list[int]) -> str:
         # As vLLM's detokenizer does by default: special tokens (the EOS) dropped. Qwen3's
         # <think> and </think> are not special, so they stay for the parser.
-        return self._backend.decode(token_ids, skip_special_tokens=True)
+        text: str = self._backend.decode(token_ids, skip_special_tokens=True)
+        return text
 
     async def shutdown(self) -> None:
         if self._spec is not None:
