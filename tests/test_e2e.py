@@ -19,6 +19,7 @@ from tests.helpers import Servers
 from tests.helpers import check_invariants
 from tests.helpers import database_name
 from tests.helpers import recreate_database
+from tests.helpers import wait_until
 from tests.stacks import FAST_RECOVERY_ENV
 from tests.stacks import FLOWER_AUTH
 from tests.stacks import VLLM_ENV
@@ -137,15 +138,22 @@ def test_a_job_end_to_end(e2e: tuple[Client, sa.Engine, str, int | None]) -> Non
     assert [json.loads(line) for line in client.results(job["id"])] == list(items.values())
 
     # The task's result, kept in the backend (Flower's /api/task/result): the final counts.
+    # The job completes when its last result is stored; the task that drove it returns at its
+    # next look at the job, a moment later (it ran STARTED then, once, under load).
     backend = redis.Redis.from_url(broker)
-    states = [json.loads(backend.get(k)) for k in backend.scan_iter("celery-task-meta-*")]
-    finals = [
-        s["result"]
-        for s in states
-        if s["status"] == "SUCCESS" and (s["result"] or {}).get("job_id") == job["id"]
-    ]
     n = len(ITEMS)
-    assert any(r["done"] == n and r["total"] == n for r in finals), states
+
+    def final_counts_stored() -> bool:
+        states = [json.loads(backend.get(k)) for k in backend.scan_iter("celery-task-meta-*")]
+        return any(
+            s["status"] == "SUCCESS"
+            and (s["result"] or {}).get("job_id") == job["id"]
+            and s["result"]["done"] == n
+            and s["result"]["total"] == n
+            for s in states
+        )
+
+    wait_until(final_counts_stored, 30, "the task's SUCCESS result with the final counts")
     # And Flower, fed by the worker's events, lists the task that drove this job.
     flower = f"http://127.0.0.1:{flower_port}/api/tasks"
     assert httpx.get(flower, timeout=30).status_code == 401  # no credentials, no Flower API
