@@ -52,16 +52,16 @@ def test_a_job_runs_to_completion_with_the_engine_kept_full(harness: Harness) ->
     # full batch (max_num_seqs) at nearly every sample, i.e. it never drained between claims.
     busy = depth[: len(depth) * 2 // 3]
     full = sum(d >= harness.settings.max_num_seqs for d in busy) / len(busy)
-    # The runner keeps 2 x max_num_seqs items in the engine, so a full batch waits behind the
-    # running one, and a fake item lives for tens of 2 ms steps: the engine drops below a full
-    # batch only when one refill (a claim and its preparing) takes longer than a whole batch
-    # takes to finish. Load slows the engine's steps (same process) about as much as the
-    # claimer, but not exactly: the claimer's round trips go through Postgres, which other
-    # processes load too. 90 % failed once at load 4.7 on this 2-core host (0.887, with other
-    # test suites running) and holds when idle; 75 % keeps room for that and still says the
-    # engine was full for three quarters of the job.
+    # The runner keeps at least 2 x max_num_seqs items in the engine, so a full batch waits
+    # behind the running one, and a fake item lives for tens of 2 ms steps: the engine drops
+    # below a full batch only when one refill (a claim and its preparing) takes longer than a
+    # whole batch takes to finish. Load slows the engine's steps (same process) about as much
+    # as the claimer, but not exactly: the claimer's round trips go through Postgres, which
+    # other processes load too. 90 % failed once at load 4.7 on this 2-core host (0.887, with
+    # other test suites running) and holds when idle; 75 % keeps room for that and still says
+    # the engine was full for three quarters of the job.
     assert full > 0.75, full
-    assert max(depth) <= harness.settings.inflight_window
+    assert max(depth) <= harness.settings.inflight_window_most
 
 
 # slow: fairness needs the big job (1,500 items) still running seconds after the small one
@@ -271,6 +271,47 @@ def test_a_big_claim_is_rendered_and_launched_in_slices(harness: Harness) -> Non
     assert claims[0] == chunk, claims
     assert claims[1] == runner.window - chunk, claims
     assert sizes[0] == chunk and max(sizes) <= chunk, sizes
+
+
+def _window_while(harness: Harness, runner: Runner, job_id: uuid.UUID) -> tuple[int, int]:
+    """Drive the job to completion; the largest window size and item count seen meanwhile."""
+    seen: list[tuple[int, int]] = []
+    sampling = True
+
+    def sample() -> None:
+        while sampling:
+            seen.append((runner.inflight.size, runner.inflight.count))
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    thread, _ = harness.drive(runner, job_id)
+    thread.join(120)
+    sampling = False
+    sampler.join()
+    check_invariants(harness.db, job_id)
+    return max(s for s, _ in seen), max(c for _, c in seen)
+
+
+def test_the_window_grows_while_the_engine_finishes_items_fast(harness: Harness) -> None:
+    # Tokens at no cost: the engine empties a window at rest (2 x 16 items) many times within
+    # INFLIGHT_LOOKAHEAD_S, so the window grows towards its most, and no further.
+    runner = harness.runner(engine_extra_args={"step_s": 0})
+    job_id = seed_job(harness.db, harness.settings, n=3000)
+    size, count = _window_while(harness, runner, job_id)
+    assert wait_status(harness.db, job_id, {"completed"}).succeeded == 3000
+    assert runner.window < size <= runner.inflight.most == harness.settings.inflight_window_most
+    assert count <= runner.inflight.most
+
+
+def test_the_window_stays_at_rest_for_items_slower_than_its_lookahead(harness: Harness) -> None:
+    # 8 steps of 50 ms: a batch of 16 takes 0.4 s, so 0.25 s of the engine's output is ~10
+    # items, fewer than the window at rest holds.
+    runner = harness.runner(engine_extra_args={"step_s": 0.05})
+    job_id = seed_job(harness.db, harness.settings, n=64, params={"max_tokens": 8})
+    size, count = _window_while(harness, runner, job_id)
+    assert wait_status(harness.db, job_id, {"completed"}).succeeded == 64
+    assert size == runner.window and count <= runner.window
 
 
 def test_results_are_stored_once_the_engine_empties_not_at_the_write_interval(

@@ -32,6 +32,13 @@ def test_bad_timeouts_are_rejected(overrides: dict[str, float]) -> None:
         Settings(_env_file=None, **overrides)
 
 
+def test_the_window_may_not_grow_to_less_than_its_size_at_rest() -> None:
+    with pytest.raises(ValidationError, match="INFLIGHT_MAX_FACTOR must be at least"):
+        Settings(_env_file=None, inflight_factor=4, inflight_max_factor=3)
+    s = Settings(_env_file=None, max_num_seqs=100, inflight_factor=2, inflight_max_factor=8)
+    assert (s.inflight_window, s.inflight_window_most) == (200, 800)
+
+
 def test_environment_names(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("THINKBATCH_DATABASE_URL", "postgresql://db/x")
     monkeypatch.setenv("THINKBATCH_MODEL", "Qwen/Qwen3-8B")

@@ -5,6 +5,7 @@ suspects."""
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 
 from thinkbatch.ledger import Claimed
@@ -137,3 +138,51 @@ def test_the_writer_stores_the_first_result_after_a_lull_at_once_then_batches() 
     thread.join(10)
     assert not thread.is_alive()
     assert writer.batches == [[1], [2, 3]]
+
+
+def _leave(inflight: InFlight, owner: JobHandle, n: int) -> None:
+    """`n` items go through the engine: in, and out again."""
+    inflight.add(owner, n)
+    inflight.add(owner, -n)
+
+
+def test_the_window_holds_its_lookahead_of_a_fast_engine_within_its_bounds() -> None:
+    owner = handle()
+    inflight = InFlight(100, most=400, lookahead_s=0.25)
+    now = time.monotonic()  # the window's clock started just before
+    step = 0.125  # a power of two: the clock's sums stay exact
+    sizes = []
+    # 3,200 items/s: 0.25 s of them is 800 items, more than its most; it grows to 400.
+    for _ in range(8):
+        now += step
+        _leave(inflight, owner, 400)
+        sizes.append(inflight.resize(now))
+    assert sizes == sorted(sizes) and sizes[0] > 100 and sizes[-1] == 400, sizes
+    assert inflight.rate > 3_100
+    # 1,200 items/s: 0.25 s of them is 300 items, between its bounds.
+    for _ in range(12):
+        now += step
+        _leave(inflight, owner, 150)
+        inflight.resize(now)
+    assert 295 <= inflight.size <= 305, inflight.size
+    # The engine stops finishing items (long items, or none left): back to its size at rest.
+    for _ in range(12):
+        now += step
+        inflight.resize(now)
+    assert inflight.size == 100
+
+
+def test_the_window_of_a_slow_engine_or_without_lookahead_stays_at_rest() -> None:
+    owner = handle()
+    slow = InFlight(100, most=400, lookahead_s=0.25)
+    fixed = InFlight(100, most=400, lookahead_s=0.0)
+    now = time.monotonic()  # the windows' clocks started just before
+    for _ in range(20):
+        now += 0.125
+        _leave(slow, owner, 30)  # 240 items/s: 0.25 s of them is 60, less than at rest
+        _leave(fixed, owner, 400)  # fast, but no lookahead asked for
+        assert slow.resize(now) == 100
+        assert fixed.resize(now) == 100
+    # Sooner than RESIZE_EVERY_S after the last look, the size stays as it is.
+    _leave(slow, owner, 10_000)
+    assert slow.resize(now + 0.01) == 100

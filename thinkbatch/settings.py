@@ -306,6 +306,22 @@ class Settings(BaseSettings):
     inflight_factor: float = Field(
         2.0, ge=1, description="Items kept in the engine = inflight_factor x MAX_NUM_SEQS."
     )
+    # The window grows past INFLIGHT_FACTOR only while the engine finishes items faster than
+    # that window holds for INFLIGHT_LOOKAHEAD_S (short items on a fast engine): a refill then
+    # lands before the engine's queue runs dry. What a worker leases beyond the engine's batch
+    # stays about LOOKAHEAD_S of its work, so a crash hands back as little time as before.
+    inflight_max_factor: float = Field(
+        8.0,
+        ge=1,
+        description="Most items kept in the engine = inflight_max_factor x MAX_NUM_SEQS, "
+        "reached only while the engine finishes items fast (INFLIGHT_LOOKAHEAD_S).",
+    )
+    inflight_lookahead_s: float = Field(
+        0.25,
+        ge=0,
+        description="Seconds of the engine's output the window holds, within INFLIGHT_FACTOR "
+        "and INFLIGHT_MAX_FACTOR (0: a fixed INFLIGHT_FACTOR window).",
+    )
     job_fanout: int = Field(
         4, ge=1, description="Most task messages for one job, so that several workers share it."
     )
@@ -387,6 +403,11 @@ class Settings(BaseSettings):
             raise ValueError("WORKER_DEAD_AFTER_S must be at least twice HEARTBEAT_S")
         if self.default_max_tokens > self.max_tokens_cap:
             raise ValueError("DEFAULT_MAX_TOKENS must not exceed MAX_TOKENS_CAP")
+        if self.inflight_max_factor < self.inflight_factor:
+            raise ValueError(
+                "INFLIGHT_MAX_FACTOR must be at least INFLIGHT_FACTOR "
+                f"(got {self.inflight_max_factor} < {self.inflight_factor})"
+            )
         return self
 
     @property
@@ -396,7 +417,13 @@ class Settings(BaseSettings):
 
     @property
     def inflight_window(self) -> int:
+        """The in-flight window's size at rest (INFLIGHT_FACTOR)."""
         return max(1, int(self.inflight_factor * self.max_num_seqs))
+
+    @property
+    def inflight_window_most(self) -> int:
+        """The most the window grows to for an engine that finishes items fast."""
+        return max(self.inflight_window, int(self.inflight_max_factor * self.max_num_seqs))
 
     # The URLs leave as plain strings: SQLAlchemy, Celery and redis-py take them so.
     def require_database_url(self) -> str:

@@ -78,7 +78,9 @@ class WorkerMetrics:
             "thinkbatch_worker_items_in_engine", "Items handed to the engine, not yet back."
         )
         self.window = Gauge(
-            "thinkbatch_worker_inflight_window_items", "Most items this worker keeps in flight."
+            "thinkbatch_worker_inflight_window_items",
+            "Most items this worker keeps in flight now (INFLIGHT_FACTOR, more while the engine "
+            "finishes items fast).",
         )
         self.tokens_per_s = Gauge(
             "thinkbatch_worker_completion_tokens_per_second",
@@ -181,7 +183,8 @@ class WorkerMetrics:
         self.spec_draft_tokens.set_function(lambda: spec("draft_tokens"))
         self.spec_accepted_tokens.set_function(lambda: spec("accepted_tokens"))
         self.spec_acceptance_length.set_function(lambda: spec("acceptance_length"))
-        self.window.set(runner.window)
+        inflight = runner.inflight
+        self.window.set_function(lambda: inflight.size)
         described = runner.describe()
         self.info.info(
             {k: str(described[k]) for k in ("model", "engine", "max_num_seqs", "dtype", "owner")}

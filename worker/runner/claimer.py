@@ -1,7 +1,8 @@
 """The claimer: leases items from Postgres in chunks whenever the window has room, sharing it
 between the jobs this process drives (fairness.py), renders and tokenizes them, and hands
 them to the engine loop. The window is INFLIGHT_FACTOR x MAX_NUM_SEQS items, so the engine
-always has a queue to pull the next sequence from and never drains between chunks or jobs."""
+always has a queue to pull the next sequence from and never drains between chunks or jobs; it
+grows towards INFLIGHT_MAX_FACTOR while the engine finishes items fast (window.InFlight)."""
 
 from __future__ import annotations
 
@@ -79,11 +80,7 @@ class Claimer:
         self.engine_loop = engine_loop
         self.writer = writer
         self.stopping = stopping
-        window = inflight.size
-        # Claim in chunks (fewer round trips) but early enough that the engine's own queue
-        # (window - max_num_seqs items) never runs dry.
-        self.claim_min = max(1, min(64, window // 8))
-        self.claim_max = max(1, window // 4)
+        self._chunks(inflight.size)  # claim_min, claim_max: they follow the window's size
         self.launch_chunk = max(16, settings.max_num_seqs // 4)
         # One thread for items with a long text (see launch_slice): it runs beside the
         # claimer, and one at a time leaves the cores to the engine.
@@ -91,6 +88,12 @@ class Claimer:
 
     def close(self) -> None:
         self._aside.shutdown(wait=False)
+
+    def _chunks(self, window: int) -> None:
+        # Claim in chunks (fewer round trips) but early enough that the engine's own queue
+        # (window - max_num_seqs items) never runs dry.
+        self.claim_min = max(1, min(64, window // 8))
+        self.claim_max = max(1, window // 4)
 
     def run(self) -> None:
         while not self.stopping.is_set():
@@ -104,6 +107,7 @@ class Claimer:
 
     def claim_round(self) -> None:
         while not self.stopping.is_set() and not self.suspects.running:
+            self._chunks(self.inflight.resize())
             handles = self.inflight.claimable()
             if not handles:
                 return

@@ -67,7 +67,11 @@ class Runner:
         self.window = settings.inflight_window
         self.stopping = threading.Event()
         self._dead = threading.Event()
-        self.inflight = InFlight(self.window)
+        self.inflight = InFlight(
+            self.window,
+            most=settings.inflight_window_most,
+            lookahead_s=settings.inflight_lookahead_s,
+        )
         self.suspects = Suspects()
         self.writer = Writer(
             settings, db, self.owner, engine, self.inflight, self.suspects, self._dead
@@ -119,7 +123,8 @@ class Runner:
             "max_model_len": s.max_model_len,
             "dtype": s.dtype,
             "tensor_parallel_size": s.tensor_parallel_size,
-            "window": self.window,
+            "window": self.inflight.size,  # now; it moves between these two
+            "window_range": [self.inflight.base, self.inflight.most],
             "items_in_engine": self.items_in_engine,
             "jobs_in_flight": self.inflight.jobs(),
         }
@@ -139,7 +144,12 @@ class Runner:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
-        log.info("runner %s ready: window=%d items", self.owner, self.window)
+        log.info(
+            "runner %s ready: window=%d items (up to %d while the engine finishes items fast)",
+            self.owner,
+            self.window,
+            self.inflight.most,
+        )
 
     def begin_shutdown(self) -> None:
         """Stop claiming and hand back what is in flight. Safe to call from a signal handler."""

@@ -63,17 +63,48 @@ class Flight:
     abort_reason: AbortReason | None = None  # set once it is being aborted
 
 
+# How often the window's size follows the engine's rate, and how much of the last rate the
+# new estimate keeps: a few tenths of a second to grow to its most, and as long to shrink back.
+RESIZE_EVERY_S = 0.1
+RATE_MEMORY = 0.5
+
+
 class InFlight:
     """The window of `size` items: the claimer fills it, the engine loop empties it, and task
     threads open and close the jobs in it. Counts change only under `lock`; reads without it
-    are a snapshot, which is all a decision to claim more needs."""
+    are a snapshot, which is all a decision to claim more needs.
 
-    def __init__(self, size: int) -> None:
+    `size` is `base` (INFLIGHT_FACTOR) unless the engine finishes items fast: then it holds
+    `lookahead_s` of the engine's output, up to `most`. A fixed window that a fast engine
+    empties in less time than a claim takes to land leaves the engine waiting; a fixed big one
+    would lease minutes of long items to one worker."""
+
+    def __init__(self, size: int, *, most: int | None = None, lookahead_s: float = 0.0) -> None:
+        self.base = size
+        self.most = max(size, most or size)
+        self.lookahead_s = lookahead_s
         self.size = size
         self.lock = threading.Lock()
         self.handles: dict[uuid.UUID, JobHandle] = {}
         self.count = 0  # items in the engine (or held for it: see Claimer.launch_slice)
         self.wake = threading.Event()  # room came back or a job opened: the claimer looks
+        self.rate = 0.0  # items leaving the engine per second, smoothed
+        self._left = 0  # items that left the engine since the last resize
+        self._since = time.monotonic()
+
+    def resize(self, now: float | None = None) -> int:
+        """Follow the engine's rate (from the claimer's thread, before it decides to claim):
+        the size that holds `lookahead_s` of it, within [base, most]."""
+        now = time.monotonic() if now is None else now
+        elapsed = now - self._since
+        if elapsed < RESIZE_EVERY_S:
+            return self.size
+        with self.lock:
+            left, self._left = self._left, 0
+        self._since = now
+        self.rate = RATE_MEMORY * self.rate + (1 - RATE_MEMORY) * left / elapsed
+        self.size = max(self.base, min(self.most, int(self.rate * self.lookahead_s)))
+        return self.size
 
     def free(self) -> int:
         return self.size - self.count
@@ -83,6 +114,8 @@ class InFlight:
         with self.lock:
             self.count += n
             handle.inflight += n
+            if n < 0:
+                self._left -= n  # left the engine (a result, an abort, a rejection)
 
     def claimable(self) -> list[JobHandle]:
         now = time.monotonic()
