@@ -314,6 +314,41 @@ def test_the_window_stays_at_rest_for_items_slower_than_its_lookahead(harness: H
     assert size == runner.window and count <= runner.window
 
 
+def test_a_slow_job_keeps_to_the_window_at_rest_beside_a_fast_one(harness: Harness) -> None:
+    # Job a's items take one 2 ms step and grow the window; job b's take 200 steps (0.4 s, more
+    # than INFLIGHT_LOOKAHEAD_S). Its fair half of the grown window would lease b more than the
+    # window at rest holds; b keeps to that.
+    runner = harness.runner()
+    quick, long = {"ignore_eos": True, "max_tokens": 1}, {"ignore_eos": True, "max_tokens": 200}
+    fast = seed_job(harness.db, harness.settings, n=6000, params=quick)
+    slow = seed_job(harness.db, harness.settings, n=64, params=long)
+    thread_a, _ = harness.drive(runner, fast)
+    wait_until(lambda: runner.inflight.size > 2 * runner.window, 30, "the window grew")
+    held: list[tuple[int, int]] = []
+    sampling = True
+
+    def sample() -> None:
+        while sampling:
+            handle = runner.inflight.handles.get(slow)
+            if handle is not None:
+                held.append((runner.inflight.size, handle.job_inflight()))
+            time.sleep(0.002)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    thread_b, _ = harness.drive(runner, slow)
+    thread_b.join(60)
+    thread_a.join(60)
+    sampling = False
+    sampler.join()
+    assert wait_status(harness.db, slow, {"completed"}).succeeded == 64
+    assert wait_status(harness.db, fast, {"completed"}).succeeded == 6000
+    check_invariants(harness.db, slow)
+    check_invariants(harness.db, fast)
+    assert max(size for size, _ in held) > 2 * runner.window, "a grown window was shared"
+    assert max(n for _, n in held) <= runner.window, held
+
+
 def test_results_are_stored_once_the_engine_empties_not_at_the_write_interval(
     harness: Harness,
 ) -> None:

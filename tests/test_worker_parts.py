@@ -140,31 +140,37 @@ def test_the_writer_stores_the_first_result_after_a_lull_at_once_then_batches() 
     assert writer.batches == [[1], [2, 3]]
 
 
-def _leave(inflight: InFlight, owner: JobHandle, n: int) -> None:
-    """`n` items go through the engine: in, and out again."""
+def _leave(inflight: InFlight, owner: JobHandle, n: int, *, finished: bool = True) -> None:
+    """`n` items go through the engine: in, and out again (finished, or aborted)."""
     inflight.add(owner, n)
-    inflight.add(owner, -n)
+    inflight.add(owner, -n, finished=finished)
+
+
+def _window(base: int = 100, most: int = 400, lookahead_s: float = 0.25) -> InFlight:
+    return InFlight(base, most=most, lookahead_s=lookahead_s)
 
 
 def test_the_window_holds_its_lookahead_of_a_fast_engine_within_its_bounds() -> None:
     owner = handle()
-    inflight = InFlight(100, most=400, lookahead_s=0.25)
+    inflight = _window()
+    inflight.handles[owner.job_id] = owner
     now = time.monotonic()  # the window's clock started just before
     step = 0.125  # a power of two: the clock's sums stay exact
     sizes = []
-    # 3,200 items/s: 0.25 s of them is 800 items, more than its most; it grows to 400.
-    for _ in range(8):
-        now += step
-        _leave(inflight, owner, 400)
-        sizes.append(inflight.resize(now))
-    assert sizes == sorted(sizes) and sizes[0] > 100 and sizes[-1] == 400, sizes
-    assert inflight.rate > 3_100
-    # 1,200 items/s: 0.25 s of them is 300 items, between its bounds.
+    # 1,200 items/s: 0.25 s of them is 300 items, between its bounds; it grows towards 300.
     for _ in range(12):
         now += step
         _leave(inflight, owner, 150)
+        sizes.append(inflight.resize(now))
+    assert sizes == sorted(sizes) and 100 < sizes[0] < 300, sizes
+    assert 295 <= sizes[-1] <= 300, sizes
+    assert inflight.allowance(owner) == inflight.size  # its own items made the pace
+    # 3,200 items/s: 0.25 s of them is 800 items, more than its most; it stops at 400.
+    for _ in range(8):
+        now += step
+        _leave(inflight, owner, 400)
         inflight.resize(now)
-    assert 295 <= inflight.size <= 305, inflight.size
+    assert inflight.size == 400 and inflight.rate > 3_100
     # The engine stops finishing items (long items, or none left): back to its size at rest.
     for _ in range(12):
         now += step
@@ -174,15 +180,36 @@ def test_the_window_holds_its_lookahead_of_a_fast_engine_within_its_bounds() -> 
 
 def test_the_window_of_a_slow_engine_or_without_lookahead_stays_at_rest() -> None:
     owner = handle()
-    slow = InFlight(100, most=400, lookahead_s=0.25)
-    fixed = InFlight(100, most=400, lookahead_s=0.0)
+    slow, fixed, aborted = _window(), _window(lookahead_s=0.0), _window()
     now = time.monotonic()  # the windows' clocks started just before
     for _ in range(20):
         now += 0.125
         _leave(slow, owner, 30)  # 240 items/s: 0.25 s of them is 60, less than at rest
         _leave(fixed, owner, 400)  # fast, but no lookahead asked for
-        assert slow.resize(now) == 100
-        assert fixed.resize(now) == 100
+        _leave(aborted, owner, 400, finished=False)  # a cancel's aborts are not speed
+        assert slow.resize(now) == fixed.resize(now) == aborted.resize(now) == 100
     # Sooner than RESIZE_EVERY_S after the last look, the size stays as it is.
     _leave(slow, owner, 10_000)
     assert slow.resize(now + 0.01) == 100
+
+
+def test_a_job_whose_items_are_slow_keeps_to_the_window_at_rest() -> None:
+    fast, slow = handle("a"), handle("b")
+    inflight = _window()
+    inflight.handles.update({fast.job_id: fast, slow.job_id: slow})
+    now = time.monotonic()
+    for _ in range(12):
+        now += 0.125
+        _leave(inflight, fast, 400)  # 3,200 items/s of job a; none of job b finish
+        inflight.resize(now)
+    assert inflight.size == 400
+    assert inflight.allowance(fast) == 400 and inflight.allowance(slow) == 100
+    # A job's next slice (a new handle) starts from the rate of the one it takes over from
+    # (core.Runner), and counts the items that finish under it.
+    successor = JobHandle(fast.job_id, 1, {}, tenant="a", predecessor=fast, rate=fast.rate)
+    inflight.handles[fast.job_id] = successor
+    for _ in range(4):
+        now += 0.125
+        _leave(inflight, fast, 400)  # the predecessor's tail
+        inflight.resize(now)
+    assert inflight.allowance(successor) == 400

@@ -308,8 +308,11 @@ class Settings(BaseSettings):
     )
     # The window grows past INFLIGHT_FACTOR only while the engine finishes items faster than
     # that window holds for INFLIGHT_LOOKAHEAD_S (short items on a fast engine): a refill then
-    # lands before the engine's queue runs dry. What a worker leases beyond the engine's batch
-    # stays about LOOKAHEAD_S of its work, so a crash hands back as little time as before.
+    # lands before the engine's queue runs dry. A job may use the grown window only as far as
+    # its own items' rate calls for; one whose items are slower keeps to INFLIGHT_FACTOR's.
+    # The rate is measured on items that finished, so a job whose later items are much longer
+    # than its first can lease up to the grown window of them until the rate falls (tenths of
+    # a second).
     inflight_max_factor: float = Field(
         8.0,
         ge=1,

@@ -120,8 +120,13 @@ class Claimer:
             free = self.inflight.free()
             if free <= 0 or (free < self.claim_min and self.inflight.count > 0):
                 return
+            # A job holding its allowance waits, and its share goes to the others.
+            room = {h: self.inflight.allowance(h) - h.job_inflight() for h in handles}
+            handles = [h for h in handles if room[h] > 0]
+            if not handles:
+                return
             handle, n = self.pick(handles, free)
-            self.claim_into(handle, n, suspects=False)
+            self.claim_into(handle, min(n, room[handle]), suspects=False)
 
     def pick(self, handles: list[JobHandle], free: int) -> tuple[JobHandle, int]:
         # An idle engine gets one launch slice first: claiming and rendering a whole window

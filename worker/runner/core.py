@@ -307,6 +307,7 @@ class Runner:
                 tenant=row.tenant,
                 created_at=row.created_at.timestamp(),
                 predecessor=current,
+                rate=current.rate if current is not None else 0.0,  # the same job's items
             )
             self.inflight.handles[job_id] = handle
         self.inflight.wake.set()

@@ -145,7 +145,9 @@ class EngineLoop:
         created = flight.handle.created_at
         queued_s = time.time() - engine_s - created if created else None
         metrics.left_engine(outcome.kind, engine_s, queued_s)
-        self.inflight.add(flight.handle, -1)
+        # Only what the engine finished tells how fast it goes: a burst of aborts (a cancel,
+        # a deadline) would otherwise read as speed and grow the window.
+        self.inflight.add(flight.handle, -1, finished=outcome.kind is OutcomeKind.done)
         self.writer.put(outcome)
         self.inflight.wake.set()
         if flight.sampled:

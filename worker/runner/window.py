@@ -30,6 +30,8 @@ class JobHandle:
     tenant: str = DEFAULT_TENANT
     created_at: float = 0.0  # the job's, as a Unix time (for the latency metrics)
     inflight: int = 0  # handed to the engine, not yet returned
+    finished: int = 0  # items that finished in the engine since the window's last resize
+    rate: float = 0.0  # of those, per second, smoothed (InFlight.resize)
     unsettled: int = 0  # claimed, result not yet stored
     claim_open: bool = True
     exhausted_until: float = 0.0  # the last claim found nothing; look again after this
@@ -63,8 +65,9 @@ class Flight:
     abort_reason: AbortReason | None = None  # set once it is being aborted
 
 
-# How often the window's size follows the engine's rate, and how much of the last rate the
-# new estimate keeps: a few tenths of a second to grow to its most, and as long to shrink back.
+# How often the window's size follows the engine's rate, and how much of the rate of a tenth
+# of a second ago the estimate keeps: a few tenths of a second to grow to its most, and as long
+# to shrink back.
 RESIZE_EVERY_S = 0.1
 RATE_MEMORY = 0.5
 
@@ -75,9 +78,11 @@ class InFlight:
     are a snapshot, which is all a decision to claim more needs.
 
     `size` is `base` (INFLIGHT_FACTOR) unless the engine finishes items fast: then it holds
-    `lookahead_s` of the engine's output, up to `most`. A fixed window that a fast engine
+    `lookahead_s` of what the engine finishes, up to `most`. A fixed window that a fast engine
     empties in less time than a claim takes to land leaves the engine waiting; a fixed big one
-    would lease minutes of long items to one worker."""
+    would lease minutes of long items to one worker. Each job may hold only as much of it as
+    its own items' rate calls for (`allowance`): a job whose items are slow, or not yet seen
+    to finish, keeps to `base`, however fast another job's items are."""
 
     def __init__(self, size: int, *, most: int | None = None, lookahead_s: float = 0.0) -> None:
         self.base = size
@@ -88,9 +93,12 @@ class InFlight:
         self.handles: dict[uuid.UUID, JobHandle] = {}
         self.count = 0  # items in the engine (or held for it: see Claimer.launch_slice)
         self.wake = threading.Event()  # room came back or a job opened: the claimer looks
-        self.rate = 0.0  # items leaving the engine per second, smoothed
-        self._left = 0  # items that left the engine since the last resize
+        self.rate = 0.0  # items finishing in the engine per second, smoothed
+        self._finished = 0  # items that finished in the engine since the last resize
         self._since = time.monotonic()
+
+    def _held(self, rate: float) -> int:
+        return max(self.base, min(self.most, int(rate * self.lookahead_s)))
 
     def resize(self, now: float | None = None) -> int:
         """Follow the engine's rate (from the claimer's thread, before it decides to claim):
@@ -99,23 +107,43 @@ class InFlight:
         elapsed = now - self._since
         if elapsed < RESIZE_EVERY_S:
             return self.size
+        # Weighted by the time since the last look: a claimer that was held up (a retried
+        # claim, suspects running alone) does not carry an old rate forward.
+        keep = RATE_MEMORY ** (elapsed / RESIZE_EVERY_S)
         with self.lock:
-            left, self._left = self._left, 0
+            finished, self._finished = self._finished, 0
+            for handle in self.handles.values():
+                # The job's items that finished, under this handle or the ones it took over
+                # from (their tails still finish in the engine).
+                done = 0
+                part: JobHandle | None = handle
+                while part is not None:
+                    done += part.finished
+                    part.finished = 0
+                    part = part.predecessor
+                handle.rate = keep * handle.rate + (1 - keep) * done / elapsed
         self._since = now
-        self.rate = RATE_MEMORY * self.rate + (1 - RATE_MEMORY) * left / elapsed
-        self.size = max(self.base, min(self.most, int(self.rate * self.lookahead_s)))
+        self.rate = keep * self.rate + (1 - keep) * finished / elapsed
+        self.size = self._held(self.rate)
         return self.size
+
+    def allowance(self, handle: JobHandle) -> int:
+        """The most items of the handle's job the window may hold: `base`, or `lookahead_s`
+        of the rate at which its own items finish."""
+        return min(self.size, self._held(handle.rate))
 
     def free(self) -> int:
         return self.size - self.count
 
-    def add(self, handle: JobHandle, n: int) -> None:
-        """`n` items of the handle enter the window (negative: leave it)."""
+    def add(self, handle: JobHandle, n: int, *, finished: bool = False) -> None:
+        """`n` items of the handle enter the window (negative: leave it; `finished`: they
+        left because the engine finished them, not aborted or refused)."""
         with self.lock:
             self.count += n
             handle.inflight += n
-            if n < 0:
-                self._left -= n  # left the engine (a result, an abort, a rejection)
+            if finished:
+                self._finished -= n
+                handle.finished -= n
 
     def claimable(self) -> list[JobHandle]:
         now = time.monotonic()
