@@ -9,7 +9,9 @@ import time
 import uuid
 from collections.abc import Callable
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+from typing import TypeVar
 
 import pytest
 import sqlalchemy as sa
@@ -19,6 +21,8 @@ from tests.helpers import make_settings
 from thinkbatch.settings import Settings
 from worker.engine import create_engine
 from worker.runner import Runner
+
+T = TypeVar("T")
 
 
 class Harness:
@@ -57,6 +61,29 @@ class Harness:
     def close(self) -> None:
         for runner in self.runners:
             close_runner(runner)
+
+
+@contextmanager
+def sampled(read: Callable[[], T | None], every_s: float = 0.005) -> Iterator[list[T]]:
+    """What `read` returns (None: nothing to record), taken on a thread every `every_s` while
+    the block runs; the list fills as it goes."""
+    samples: list[T] = []
+    done = threading.Event()
+
+    def run() -> None:
+        while not done.is_set():
+            value = read()
+            if value is not None:
+                samples.append(value)
+            done.wait(every_s)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        done.set()
+        thread.join()
 
 
 def close_runner(runner: Runner, timeout: float = 5) -> None:

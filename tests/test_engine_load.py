@@ -12,6 +12,7 @@ from prometheus_client import REGISTRY
 from tests.helpers import make_settings
 from worker.engine import SchedulerLoad
 from worker.metrics import metrics
+from worker.runner.window import InFlight
 
 # slow: vLLM's stats objects mean importing vLLM (and torch), ~15 s on this host. The imports
 # are in the tests, so that make check, which leaves these out, never loads vLLM.
@@ -25,6 +26,7 @@ class _Runner:
         self.engine = engine
         self.items_in_engine = 0
         self.window = 8
+        self.inflight = InFlight(8, most=32)
 
     def describe(self) -> dict[str, object]:
         return dict.fromkeys(("model", "engine", "max_num_seqs", "dtype", "owner"), "x")
@@ -73,6 +75,7 @@ def test_the_last_steps_load_and_speculation_reach_the_gauges() -> None:
     )
     metrics.watch(_Runner(engine))  # type: ignore[arg-type]
     assert _gauge("thinkbatch_worker_engine_steps_total") == 2
+    assert _gauge("thinkbatch_worker_inflight_window_items") == 8  # the window at rest, read live
     assert _gauge("thinkbatch_worker_engine_step_requests_total") == 62
     assert _gauge("thinkbatch_worker_engine_waiting_requests") == 2
     assert _gauge("thinkbatch_worker_engine_running_requests") == 30

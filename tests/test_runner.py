@@ -18,6 +18,7 @@ from tests.helpers import wait_until
 from tests.runner_harness import Harness
 from tests.runner_harness import close_runner
 from tests.runner_harness import job_row
+from tests.runner_harness import sampled
 from tests.runner_harness import wait_status
 from thinkbatch.settings import Settings
 from worker.engine import create_engine
@@ -27,21 +28,10 @@ from worker.runner import Runner
 def test_a_job_runs_to_completion_with_the_engine_kept_full(harness: Harness) -> None:
     runner = harness.runner()
     job_id = seed_job(harness.db, harness.settings, n=400)
-    engine = runner.engine
-    depth: list[int] = []
-    sampling = True
-
-    def sample() -> None:
-        while sampling:
-            depth.append(len(engine._running) + len(engine._waiting))  # type: ignore[attr-defined]
-            time.sleep(0.005)
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    thread, reports = harness.drive(runner, job_id)
-    thread.join(60)
-    sampling = False
-    sampler.join()
+    engine: Any = runner.engine
+    with sampled(lambda: len(engine._running) + len(engine._waiting)) as depth:
+        thread, reports = harness.drive(runner, job_id)
+        thread.join(60)
     assert wait_status(harness.db, job_id, {"completed"}).succeeded == 400
     check_invariants(harness.db, job_id)
     outcome = reports[-1]
@@ -275,20 +265,9 @@ def test_a_big_claim_is_rendered_and_launched_in_slices(harness: Harness) -> Non
 
 def _window_while(harness: Harness, runner: Runner, job_id: uuid.UUID) -> tuple[int, int]:
     """Drive the job to completion; the largest window size and item count seen meanwhile."""
-    seen: list[tuple[int, int]] = []
-    sampling = True
-
-    def sample() -> None:
-        while sampling:
-            seen.append((runner.inflight.size, runner.inflight.count))
-            time.sleep(0.005)
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    thread, _ = harness.drive(runner, job_id)
-    thread.join(120)
-    sampling = False
-    sampler.join()
+    with sampled(lambda: (runner.inflight.size, runner.inflight.count)) as seen:
+        thread, _ = harness.drive(runner, job_id)
+        thread.join(120)
     check_invariants(harness.db, job_id)
     return max(s for s, _ in seen), max(c for _, c in seen)
 
@@ -324,23 +303,15 @@ def test_a_slow_job_keeps_to_the_window_at_rest_beside_a_fast_one(harness: Harne
     slow = seed_job(harness.db, harness.settings, n=64, params=long)
     thread_a, _ = harness.drive(runner, fast)
     wait_until(lambda: runner.inflight.size > 2 * runner.window, 30, "the window grew")
-    held: list[tuple[int, int]] = []
-    sampling = True
 
-    def sample() -> None:
-        while sampling:
-            handle = runner.inflight.handles.get(slow)
-            if handle is not None:
-                held.append((runner.inflight.size, handle.job_inflight()))
-            time.sleep(0.002)
+    def slow_held() -> tuple[int, int] | None:
+        handle = runner.inflight.handles.get(slow)
+        return None if handle is None else (runner.inflight.size, handle.job_inflight())
 
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    thread_b, _ = harness.drive(runner, slow)
-    thread_b.join(60)
-    thread_a.join(60)
-    sampling = False
-    sampler.join()
+    with sampled(slow_held, every_s=0.002) as held:
+        thread_b, _ = harness.drive(runner, slow)
+        thread_b.join(60)
+        thread_a.join(60)
     assert wait_status(harness.db, slow, {"completed"}).succeeded == 64
     assert wait_status(harness.db, fast, {"completed"}).succeeded == 6000
     check_invariants(harness.db, slow)
