@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -130,6 +131,35 @@ def fail(
     return {row.id: row.status for row in rows}
 
 
+def _update_held(
+    conn: sa.Connection,
+    owner: str,
+    items: Sequence[tuple[int, uuid.UUID, int]],
+    assignments: str,
+    params: dict[str, Any],
+) -> int:
+    """Lock the items' jobs, then apply `assignments` (an SQL SET list) to each (item id, job
+    id, attempt) that `owner` still holds under that attempt (the fence)."""
+    lock_jobs(conn, (job_id for _, job_id, _ in items))
+    result = conn.execute(
+        sa.text(
+            f"""
+            UPDATE items AS i SET {assignments}
+            FROM unnest(CAST(:item_ids AS bigint[]), CAST(:attempts AS int[]))
+                 AS v(item_id, attempt)
+            WHERE i.id = v.item_id AND {_FENCE}
+            """  # noqa: S608 - the assignments are constants of this module, _FENCE too
+        ),
+        {
+            **params,
+            "owner": owner,
+            "item_ids": [i for i, _, _ in items],
+            "attempts": [a for _, _, a in items],
+        },
+    )
+    return result.rowcount
+
+
 def end_items(
     conn: sa.Connection,
     owner: str,
@@ -142,52 +172,44 @@ def end_items(
     """End in-flight items of a cancelled or expired job (aborted in the engine)."""
     if not items:
         return 0
-    lock_jobs(conn, (job_id for _, job_id, _ in items))
-    result = conn.execute(
-        sa.text(
-            f"""
-            UPDATE items AS i SET status = :status, finished_at = now(), lease_owner = NULL,
-                lease_expires_at = NULL, error_code = :code, error_message = :message
-            FROM unnest(CAST(:item_ids AS bigint[]), CAST(:attempts AS int[]))
-                 AS v(item_id, attempt)
-            WHERE i.id = v.item_id AND {_FENCE}
-            """  # noqa: S608 - _FENCE is a constant
-        ),
-        {
-            "status": status.value,
-            "code": code,
-            "message": message,
-            "owner": owner,
-            "item_ids": [i for i, _, _ in items],
-            "attempts": [a for _, _, a in items],
-        },
+    return _update_held(
+        conn,
+        owner,
+        items,
+        "status = :status, finished_at = now(), lease_owner = NULL, lease_expires_at = NULL, "
+        "error_code = :code, error_message = :message",
+        {"status": status.value, "code": code, "message": message},
     )
-    return result.rowcount
 
 
 def release(conn: sa.Connection, owner: str, items: Sequence[tuple[int, uuid.UUID, int]]) -> int:
     """Hand items back untouched (graceful shutdown): pending again, the attempt refunded."""
     if not items:
         return 0
-    lock_jobs(conn, (job_id for _, job_id, _ in items))
-    result = conn.execute(
-        sa.text(
-            f"""
-            UPDATE items AS i SET status = 'pending', attempts = greatest(i.attempts - 1, 0),
-                lease_owner = NULL, lease_expires_at = NULL
-            FROM unnest(CAST(:item_ids AS bigint[]), CAST(:attempts AS int[]))
-                 AS v(item_id, attempt)
-            WHERE i.id = v.item_id AND {_FENCE}
-            """  # noqa: S608 - _FENCE is a constant
-        ),
-        {
-            "owner": owner,
-            "item_ids": [i for i, _, _ in items],
-            "attempts": [a for _, _, a in items],
-        },
+    released = _update_held(
+        conn,
+        owner,
+        items,
+        "status = 'pending', attempts = greatest(i.attempts - 1, 0), lease_owner = NULL, "
+        "lease_expires_at = NULL",
+        {},
     )
     _end_unclaimable(conn, (job_id for _, job_id, _ in items))
-    return result.rowcount
+    return released
+
+
+_HELD_JOBS = "SELECT DISTINCT job_id FROM items WHERE status = 'running' AND lease_owner = :o"
+_LAPSED = " AND lease_expires_at < now()"
+
+
+def _lock_held_jobs(conn: sa.Connection, owner: str, *, lapsed: bool = False) -> list[uuid.UUID]:
+    """Lock the jobs of the items `owner` holds (only those whose lease lapsed, with `lapsed`),
+    before those items are released; returns their ids."""
+    query = _HELD_JOBS + (_LAPSED if lapsed else "")
+    job_ids = [row.job_id for row in conn.execute(sa.text(query), {"o": owner})]
+    if job_ids:
+        lock_jobs(conn, job_ids)
+    return job_ids
 
 
 _RELEASE_CRASHED = sa.text(
@@ -215,18 +237,9 @@ def release_crashed(
     charges it, and at the attempt cap that item fails: a poison item ends `failed` while its
     batch-mates are retried in halves until it is cornered.
     """
-    job_ids = [
-        row.job_id
-        for row in conn.execute(
-            sa.text(
-                "SELECT DISTINCT job_id FROM items WHERE status = 'running' AND lease_owner = :o"
-            ),
-            {"o": owner},
-        )
-    ]
+    job_ids = _lock_held_jobs(conn, owner)
     if not job_ids:
         return 0
-    lock_jobs(conn, job_ids)
     held = conn.execute(
         sa.text("SELECT count(*) FROM items WHERE status = 'running' AND lease_owner = :o"),
         {"o": owner},
@@ -248,19 +261,9 @@ def release_crashed(
 def release_lapsed(conn: sa.Connection, owner: str) -> int:
     """Items whose lease lapsed under a worker that is still alive: back to pending, the
     attempt counted. A late result from that worker is then fenced out."""
-    job_ids = [
-        row.job_id
-        for row in conn.execute(
-            sa.text(
-                "SELECT DISTINCT job_id FROM items WHERE status = 'running' "
-                "AND lease_owner = :o AND lease_expires_at < now()"
-            ),
-            {"o": owner},
-        )
-    ]
+    job_ids = _lock_held_jobs(conn, owner, lapsed=True)
     if not job_ids:
         return 0
-    lock_jobs(conn, job_ids)
     result = conn.execute(
         sa.text(
             "UPDATE items SET status = 'pending', lease_owner = NULL, lease_expires_at = NULL, "
