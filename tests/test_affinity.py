@@ -1,4 +1,5 @@
-"""The worker keeps itself off the cores vLLM's compute threads are bound to (CPU hosts)."""
+"""The worker keeps itself off the cores vLLM's compute threads are bound to, and puts vLLM's
+engine core beside them unless told to keep it on the reserved cores (CPU hosts)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ SCRIPT = textwrap.dedent(
     time.sleep(0.5)
     before = threading.Thread(target=time.sleep, args=(5,), daemon=True)
     before.start()
-    kept = keep_off_compute_cores(sys.argv[1])
+    kept = keep_off_compute_cores(sys.argv[1], *sys.argv[2:])
     seen = {}
     after = threading.Thread(target=lambda: seen.update(core=sorted(os.sched_getaffinity(0))))
     after.start(); after.join()
@@ -48,7 +49,7 @@ SCRIPT = textwrap.dedent(
     not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
     reason="needs two or more cores and Linux affinity calls",
 )
-def test_worker_and_unbound_children_keep_off_the_bound_cores() -> None:
+def test_worker_keeps_off_the_bound_cores_and_the_engine_core_joins_them() -> None:
     out = subprocess.run(
         [sys.executable, "-c", SCRIPT, "cpu"], cwd=ROOT, capture_output=True, text=True, check=True
     )
@@ -56,10 +57,32 @@ def test_worker_and_unbound_children_keep_off_the_bound_cores() -> None:
     everything = sorted(os.sched_getaffinity(0))
     rest = everything[1:]
     assert got["kept"] == rest
-    # Every thread of the worker, those started before and after, and the unbound child.
+    # Every thread of the worker, those started before and after.
     assert got["main"] == got["older_thread"] == got["newer_thread"] == rest
-    assert got["unbound"] == rest
+    # The unbound child (vLLM's engine core) polls while the model computes: beside the
+    # compute threads, not on the cores the worker needs.
+    assert got["unbound"] == everything[:1]
     assert got["bound"] == everything[:1]  # vLLM's own binding is left as it was
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs two or more cores and Linux affinity calls",
+)
+def test_the_engine_core_can_stay_on_the_reserved_cores() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, "cpu", "reserved"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    got = json.loads(out.stdout)
+    everything = sorted(os.sched_getaffinity(0))
+    rest = everything[1:]
+    assert got["kept"] == rest
+    assert got["main"] == got["newer_thread"] == got["unbound"] == rest
+    assert got["bound"] == everything[:1]
 
 
 def test_nothing_changes_without_bound_children() -> None:

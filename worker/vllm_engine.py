@@ -244,7 +244,7 @@ class VLLMEngine:
         self.llm = AsyncLLM.from_engine_args(
             engine_args(self.settings, model, device), stat_loggers=self.stat_loggers()
         )
-        keep_off_compute_cores(device)
+        keep_off_compute_cores(device, self.settings.cpu_engine_core)
         self.tokenizer = self.llm.get_tokenizer()
         # The Rust tokenizer under the transformers wrapper, for the one-shot decode.
         self._backend = getattr(self.tokenizer, "backend_tokenizer", None) or self.tokenizer
