@@ -23,19 +23,22 @@ from bench.workload import CPU_BENCH
 from devstack.demo_model import build_demo_model
 from devstack.demo_model import demo_model_env
 from devstack.stack import engine_env
+from worker.affinity import bound_cores
+from worker.affinity import is_engine_core
 
 
 def placements(root: int) -> tuple[set[int], set[int], list[psutil.Process]]:
     """The cores vLLM bound its model worker (`VLLM::Worker`) to, the rest, and the engine-core
-    processes (`VLLM::EngineCore`), found by the names vLLM gives its processes."""
+    processes. By name: the worker has pinned its own helpers to the rest by now, so that a
+    bound mask alone no longer tells vLLM's compute processes apart."""
     everything = set(os.sched_getaffinity(0))
     compute: set[int] = set()
     engine_core = []
     for proc in psutil.Process(root).children(recursive=True):
-        if "EngineCore" in proc.name():
+        if is_engine_core(proc):
             engine_core.append(proc)
         elif proc.name().startswith("VLLM::Worker"):
-            compute |= set(proc.cpu_affinity() or [])
+            compute |= bound_cores(proc, everything)
     return compute, everything - compute, engine_core
 
 
@@ -48,14 +51,21 @@ def pin(procs: list[psutil.Process], cores: set[int]) -> None:
                 pass
 
 
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be 1 or more")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--items", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=4, help="rounds of each placement")
+    parser.add_argument("--items", type=positive, default=2000)
+    parser.add_argument("--rounds", type=positive, default=4, help="rounds of each placement")
     parser.add_argument("--lengths", default="64,16", help="output tokens, comma-separated")
     args = parser.parse_args()
-    lengths = [int(t) for t in args.lengths.split(",")]
-    # Start as vLLM places it; the rounds then move it.
+    lengths = list(dict.fromkeys(positive(t) for t in args.lengths.split(",") if t.strip()))
+    # Start with the engine core where `reserved` puts it; the rounds then move it.
     env = {
         **os.environ,
         **engine_env(CPU_BENCH),
@@ -67,16 +77,22 @@ def main() -> None:
     try:
         arm.wait_ready()
         compute, reserved, engine_core = placements(arm.proc.pid)
-        if not compute or not reserved:
-            raise SystemExit("vLLM bound no compute threads here (a GPU host?): nothing to compare")
+        if not compute or not reserved or not engine_core:
+            raise SystemExit(
+                "no compute cores, no reserved ones or no engine core found (a GPU host?): "
+                "nothing to compare"
+            )
         where = {"compute": compute, "reserved": reserved}
         print(f"compute cores {sorted(compute)}, reserved {sorted(reserved)}; engine core: "
               + ", ".join(f"{p.pid} {p.name()}" for p in engine_core))  # fmt: skip
-        arm.round(0, lengths[-1])  # warm-up
         round_no = 1
+        pairs = 0  # across lengths, so that each placement goes first as often as the other
         for tokens in lengths:
-            for r in range(args.rounds):
-                order = ["reserved", "compute"] if r % 2 == 0 else ["compute", "reserved"]
+            arm.round(round_no, tokens)  # warm-up at this length
+            round_no += 1
+            for _ in range(args.rounds):
+                order = ["reserved", "compute"] if pairs % 2 == 0 else ["compute", "reserved"]
+                pairs += 1
                 for name in order:
                     pin(engine_core, where[name])
                     wait_engines_idle()

@@ -165,12 +165,13 @@ class Settings(BaseSettings):
     cpu_kvcache_space_gib: int | None = Field(
         None, ge=1, description="CPU backend only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)."
     )
-    cpu_engine_core: Literal["compute", "reserved"] = Field(
-        "compute",
+    cpu_engine_core: Literal["auto", "compute", "reserved"] = Field(
+        "auto",
         description="CPU backend only: where vLLM's engine-core (scheduler) process runs: beside "
-        "the model's compute threads (`compute`), or on the cores vLLM reserves, with this "
-        "worker (`reserved`). It polls while the model computes; on the reserved cores that "
-        "polling takes the CPU the worker needs (README, Performance).",
+        "the model's compute threads (`compute`), or on the cores vLLM leaves free, with this "
+        "worker (`reserved`); `auto`: beside them when vLLM bound them to one core. It polls "
+        "while the model computes, which on the free cores takes CPU the worker needs "
+        "(worker/affinity.py).",
     )
     speculative_config: dict[str, Any] | None = Field(
         None, description="JSON passed to vLLM as speculative_config (draft model, n tokens)."
