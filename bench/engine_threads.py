@@ -3,8 +3,9 @@ with each thread of its process tree read from /proc before and after (Linux onl
 
 `python -m bench.engine_threads` prints, for every thread that used more than 0.02 s, its process
 and thread names, CPU seconds, the cores it may run on and the core it ran on last. On this CPU
-it shows vLLM's model worker on the cores vLLM bound it to and the engine core's loop on the
-reserved one, the core the job system's worker, Postgres and API share with it.
+it shows vLLM's model worker on the cores vLLM bound it to and the engine core's loop where
+CPU_ENGINE_CORE put it (beside the single compute core by default; `reserved`: on the core the
+job system's worker, Postgres and API use).
 """
 
 from __future__ import annotations

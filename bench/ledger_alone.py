@@ -1,0 +1,119 @@
+"""The ledger's statements alone, for the ceiling's job (20,000 items): one client in this process
+creates the job (the API's streamed parse and COPY, without HTTP), claims every item in chunks
+of the worker's claim size, and stores a result for each in the writer's batches, timing each
+phase; then `EXPLAIN ANALYZE` of one claim and one store, the plans' buffer hits and triggers.
+
+`python -m bench.ledger_alone` runs on the embedded PostgreSQL (or THINKBATCH_DATABASE_URL).
+What it prints is where Postgres's share of the ceiling goes (README, Performance).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy import orm
+
+from bench.workload import prompts
+from devstack import local_stack
+from thinkbatch import job_create
+from thinkbatch import ledger
+from thinkbatch.keys import Caller
+from thinkbatch.ledger import Claimed
+from thinkbatch.ledger import Done
+from thinkbatch.ledger.claims import _CLAIM
+from thinkbatch.ledger.items import _COMPLETE
+from thinkbatch.settings import Settings
+
+CLAIM_N, STORE_N = 512, 500  # the worker's claim chunk at rest and WRITE_BATCH_MAX
+
+
+def create(db: sa.Engine, settings: Settings, n: int, round_no: int) -> uuid.UUID:
+    body = {"items": prompts(n, round_no), "params": {"max_tokens": 16, "temperature": 0}}
+    raw = io.BytesIO(json.dumps(body).encode())
+    with orm.Session(db) as session, session.begin():
+        job = job_create.create_job_from_stream(session, Caller("bench", None), raw, settings)
+        return job.id
+
+
+def done(item: Claimed) -> Done:
+    return Done(item.id, item.job_id, item.attempt, "", "x" * 16, "length", False, 20, 16, 0)
+
+
+def timed_round(db: sa.Engine, settings: Settings, n: int, round_no: int) -> str:
+    started = time.perf_counter()
+    job_id = create(db, settings, n, round_no)
+    created = time.perf_counter()
+    claimed: list[Claimed] = []
+    while True:
+        with db.begin() as conn:
+            got = ledger.claim(conn, job_id, owner="bench", n=CLAIM_N, lease_s=600)
+        if not got:
+            break
+        claimed += got
+    claims = time.perf_counter()
+    for start in range(0, len(claimed), STORE_N):
+        with db.begin() as conn:
+            ledger.complete(conn, "bench", [done(c) for c in claimed[start : start + STORE_N]])
+            ledger.finalize_jobs(conn, {job_id})
+    stored = time.perf_counter()
+    phases = {"create": created - started, "claims": claims - created, "stores": stored - claims}
+    return ", ".join(f"{k} {v:.2f} s ({v / n * 1e6:.0f} us/item)" for k, v in phases.items())
+
+
+def plans(db: sa.Engine, settings: Settings) -> None:
+    """One claim and one store of a fresh job, each committed apart as the worker does."""
+    job_id = create(db, settings, CLAIM_N * 2, 99)
+    explain = "EXPLAIN (ANALYZE, BUFFERS) "
+    with db.begin() as conn:
+        lines = conn.execute(
+            sa.text(explain + _CLAIM.text),
+            {"job_id": job_id, "owner": "bench", "n": CLAIM_N, "lease_s": 600},
+        ).scalars()
+        print(f"-- one claim of {CLAIM_N} items --")
+        print("\n".join(lines))
+    with db.connect() as conn:
+        running = conn.execute(
+            sa.text("SELECT id FROM items WHERE job_id = :j AND status = 'running' LIMIT :n"),
+            {"j": job_id, "n": STORE_N},
+        ).scalars()
+        rows = json.dumps(
+            [
+                {"item_id": i, "job_id": str(job_id), "attempt": 1, "thinking": "",
+                 "answer": "x" * 16, "finish_reason": "length", "thinking_truncated": False,
+                 "prompt_tokens": 20, "completion_tokens": 16, "reasoning_tokens": 0}
+                for i in running
+            ]
+        )  # fmt: skip
+    with db.begin() as conn:
+        lines = conn.execute(
+            sa.text(explain + _COMPLETE.text), {"owner": "bench", "rows": rows}
+        ).scalars()
+        print(f"-- one store of {STORE_N} results --")
+        print("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--items", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="thinkbatch-ledger-"))
+    env = {"THINKBATCH_MAX_ITEMS_PER_JOB": str(max(args.items, 100_000))}
+    with local_stack(tmp, env=env, database="ledger", engine=False, demo_model=False) as local:
+        db = sa.create_engine(local.database_url)
+        for r in range(args.rounds):
+            phases = timed_round(db, local.settings, args.items, r)
+            print(f"round {r + 1}, {args.items} items: {phases}")
+        plans(db, local.settings)
+        db.dispose()
+
+
+if __name__ == "__main__":
+    main()
