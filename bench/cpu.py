@@ -134,6 +134,18 @@ def stage_rows(system: dict[str, Any], n: int) -> list[tuple[str, float]]:
     return rows
 
 
+# The processes a job's work runs in (the benchmark's own client and the raw arm's are not).
+PIPELINE_KINDS = ("worker", "engine", "api", "postgres", "redis")
+
+
+def pipeline_bound(system: dict[str, Any], n: int, cores: int) -> tuple[float, float]:
+    """CPU per item (us) summed over the pipeline's processes in a round of `n` items, and the
+    most items/s `cores` could give it at that cost if every core were busy all the time."""
+    by_kind: dict[str, float] = system["cpu"]
+    per_item = sum(by_kind.get(kind, 0.0) for kind in PIPELINE_KINDS) * 1e6 / n
+    return per_item, (cores * 1e6 / per_item if per_item > 0 else float("inf"))
+
+
 def print_stages(columns: list[tuple[str, dict[str, Any], int]]) -> None:
     print(
         "CPU per item (us), median round of each part; the worker's stages and threads from "

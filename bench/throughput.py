@@ -33,6 +33,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from bench.cpu import pipeline_bound
 from bench.cpu import print_stages
 from bench.cpu import wait_engines_idle
 from bench.pg_waits import INTERVAL_S
@@ -296,6 +297,15 @@ def main() -> int:
         print(f"postgres in that round, sampled every {every}: {waits.summary()}")
         for query, count in waits.locked.most_common(3):
             print(f"  waited on a lock in {100 * count / waits.samples:.0f}% of them: {query}")
+        # What the CPU alone allows: the processes' CPU per item, spread over every core with
+        # no wait at all. A rate above this needs less CPU per item, not better overlap.
+        cores = os.cpu_count() or 1
+        per_item, bound = pipeline_bound(best, CEILING_ITEMS, cores)
+        print(
+            f"CPU per item in that round, worker + api + postgres + redis: {per_item:.0f} us; "
+            f"with all {cores} cores busy every moment, at most {bound:,.0f} items/s "
+            f"({TARGET_CEILING:,.0f} needs <= {cores * 1e6 / TARGET_CEILING:.0f} us)"
+        )
     columns = [(f"{t} tok", median_round(system_rounds[t]), n) for t in lengths]
     if ceiling:
         columns.append(("ceiling", median_round(ceiling), CEILING_ITEMS))
