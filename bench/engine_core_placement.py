@@ -25,6 +25,7 @@ from devstack.demo_model import demo_model_env
 from devstack.stack import engine_env
 from worker.affinity import bound_cores
 from worker.affinity import is_engine_core
+from worker.affinity import pin_threads
 
 
 def placements(root: int) -> tuple[set[int], set[int], list[psutil.Process]]:
@@ -40,15 +41,6 @@ def placements(root: int) -> tuple[set[int], set[int], list[psutil.Process]]:
         elif proc.name().startswith("VLLM::Worker"):
             compute |= bound_cores(proc, everything)
     return compute, everything - compute, engine_core
-
-
-def pin(procs: list[psutil.Process], cores: set[int]) -> None:
-    for proc in procs:
-        for thread in proc.threads():
-            try:
-                os.sched_setaffinity(thread.id, cores)
-            except OSError:  # the thread ended meanwhile
-                pass
 
 
 def positive(text: str) -> int:
@@ -94,7 +86,8 @@ def main() -> None:
                 order = ["reserved", "compute"] if pairs % 2 == 0 else ["compute", "reserved"]
                 pairs += 1
                 for name in order:
-                    pin(engine_core, where[name])
+                    for proc in engine_core:
+                        pin_threads(proc, where[name])
                     wait_engines_idle()
                     result = arm.round(round_no, tokens)
                     round_no += 1

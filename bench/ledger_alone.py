@@ -29,6 +29,7 @@ from thinkbatch.ledger import Claimed
 from thinkbatch.ledger import Done
 from thinkbatch.ledger.claims import _CLAIM
 from thinkbatch.ledger.items import _COMPLETE
+from thinkbatch.ledger.items import results_json
 from thinkbatch.settings import Settings
 
 CLAIM_N, STORE_N = 512, 500  # the worker's claim chunk at rest and WRITE_BATCH_MAX
@@ -42,8 +43,8 @@ def create(db: sa.Engine, settings: Settings, n: int, round_no: int) -> uuid.UUI
         return job.id
 
 
-def done(item: Claimed) -> Done:
-    return Done(item.id, item.job_id, item.attempt, "", "x" * 16, "length", False, 20, 16, 0)
+def done(item_id: int, job_id: uuid.UUID, attempt: int) -> Done:
+    return Done(item_id, job_id, attempt, "", "x" * 16, "length", False, 20, 16, 0)
 
 
 def timed_round(db: sa.Engine, settings: Settings, n: int, round_no: int) -> str:
@@ -60,7 +61,8 @@ def timed_round(db: sa.Engine, settings: Settings, n: int, round_no: int) -> str
     claims = time.perf_counter()
     for start in range(0, len(claimed), STORE_N):
         with db.begin() as conn:
-            ledger.complete(conn, "bench", [done(c) for c in claimed[start : start + STORE_N]])
+            batch = claimed[start : start + STORE_N]
+            ledger.complete(conn, "bench", [done(c.id, c.job_id, c.attempt) for c in batch])
             ledger.finalize_jobs(conn, {job_id})
     stored = time.perf_counter()
     phases = {"create": created - started, "claims": claims - created, "stores": stored - claims}
@@ -80,17 +82,13 @@ def plans(db: sa.Engine, settings: Settings) -> None:
         print("\n".join(lines))
     with db.connect() as conn:
         running = conn.execute(
-            sa.text("SELECT id FROM items WHERE job_id = :j AND status = 'running' LIMIT :n"),
+            sa.text(
+                "SELECT id, job_id, attempts FROM items"
+                " WHERE job_id = :j AND status = 'running' LIMIT :n"
+            ),
             {"j": job_id, "n": STORE_N},
-        ).scalars()
-        rows = json.dumps(
-            [
-                {"item_id": i, "job_id": str(job_id), "attempt": 1, "thinking": "",
-                 "answer": "x" * 16, "finish_reason": "length", "thinking_truncated": False,
-                 "prompt_tokens": 20, "completion_tokens": 16, "reasoning_tokens": 0}
-                for i in running
-            ]
-        )  # fmt: skip
+        )
+        rows = results_json([done(*row) for row in running])
     with db.begin() as conn:
         lines = conn.execute(
             sa.text(explain + _COMPLETE.text), {"owner": "bench", "rows": rows}

@@ -64,6 +64,16 @@ def bound_cores(proc: psutil.Process, everything: set[int]) -> set[int]:
     return cores
 
 
+def pin_threads(proc: psutil.Process, cores: set[int]) -> None:
+    """Pin every thread `proc` has now to `cores` (one that ends meanwhile is passed over);
+    threads it starts later inherit the mask of the thread that starts them."""
+    for thread in proc.threads():
+        try:
+            os.sched_setaffinity(thread.id, cores)
+        except ProcessLookupError:  # the thread ended meanwhile
+            continue
+
+
 def engine_core_cores(engine_core: str, compute: set[int], rest: set[int]) -> set[int]:
     """Where the engine core runs: `compute`, `reserved`, or `auto` (beside a single compute
     core, else on the reserved ones; the module's docstring says why)."""
@@ -101,9 +111,8 @@ def keep_off_compute_cores(device: str, engine_core: str = "auto") -> set[int]:
     for proc in unbound:
         cores = scheduler if proc.pid != me.pid and is_engine_core(proc) else rest
         try:
-            for thread in proc.threads():
-                os.sched_setaffinity(thread.id, cores)
-        except (psutil.Error, OSError) as error:  # a thread may end meanwhile; best effort
+            pin_threads(proc, cores)
+        except (psutil.Error, OSError) as error:  # the process ended, or no permission
             log.info("could not pin process %d: %s", proc.pid, error)
     log.info("vLLM computes on cores %s and its engine core runs on %s; this worker keeps to %s",
              sorted(compute), sorted(scheduler), sorted(rest))  # fmt: skip
