@@ -23,7 +23,7 @@ COPY flowerconfig.py ./
 # hadolint ignore=DL3013
 RUN pip install --no-deps .
 EXPOSE 8000
-CMD ["gunicorn", "-c", "api/gunicorn.conf.py", "api.wsgi:app"]
+CMD ["gunicorn", "-c", "api/gunicorn.conf.py", "api.asgi:app"]
 
 # --- worker: a CUDA *devel* base, because vLLM compiles kernels when its engine starts -------
 # * Triton (vLLM's samplers use it even in eager mode) builds its CUDA launcher with gcc and the

@@ -39,6 +39,7 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     from api import access_log
     from api import auth
+    from api import body
     from api import dashboard
     from api import errors
     from api import health
@@ -53,6 +54,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     # Before auth: a refused request is timed, counted and logged like any other.
     metrics.init_app(app)
     access_log.init_app(app)
+    body.init_app(app)  # the intake's refusals: before auth, as a server would answer them
     auth.init_app(app)
     params.init_app(app)  # after auth: a stranger learns nothing of a route
     app.register_blueprint(health.bp)

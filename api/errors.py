@@ -134,7 +134,9 @@ def init_app(app: Flask) -> None:
     def http_error(error: HTTPException) -> tuple[Response, int]:
         # Routing errors (unknown path, wrong method, wrong media type ...) in the same envelope.
         status = error.code or 500
-        kind = {404: "not_found", 409: "conflict"}.get(status, "invalid_request_error")
+        kind = {404: "not_found", 409: "conflict", 429: "rate_limit_error"}.get(
+            status, "invalid_request_error"
+        )
         code = (error.name or "error").lower().replace(" ", "_")
         response, status = error_response(status, kind, code, error.description or error.name)
         # Keep what the exception says in headers: `Allow` on a 405 (RFC 9110 requires it),

@@ -1,10 +1,10 @@
 """gunicorn settings of the API, shared by the launcher, the container image and the docs:
-`gunicorn -c api/gunicorn.conf.py api.wsgi:app` (add `--bind` as needed).
+`gunicorn -c api/gunicorn.conf.py api.asgi:app` (add `--bind` as needed).
 
-Threads (gthread), not the sync workers: a sync worker is one request at a time, so two clients
-that stall half-way through their bodies took both default workers and every other request
-waited out the timeout. A thread per request keeps the rest served, and api.body bounds how long
-a thread waits on a silent client (REQUEST_READ_TIMEOUT_S).
+gunicorn's asyncio worker, not its thread or sync workers: with a thread per request, a client
+that sends its body slowly holds that thread for as long as it trickles, and a few dozen such
+clients took every thread of the API. Here bodies are received by the event loop (api/intake.py)
+and only complete requests reach the app's API_THREADS threads (api/asgi.py).
 """
 
 import os
@@ -43,11 +43,13 @@ def on_exit(server: Any) -> None:
         shutil.rmtree(_metrics_dir, ignore_errors=True)
 
 
-worker_class = "gthread"
+worker_class = "asgi"
 workers = _settings.api_workers
-threads = _settings.api_threads
-# With threads the worker's main loop answers the arbiter while requests run, so this only
-# catches a wedged process; a long results download is not cut off by it.
+# The app's threads are a2wsgi's pool (api/asgi.py); the asyncio worker takes no `threads`.
+# Connections, idle or receiving a body, cost a socket and a coroutine each.
+worker_connections = _settings.api_max_connections
+# The event loop answers the arbiter while requests run, so this only catches a wedged
+# process; a long results download is not cut off by it.
 timeout = 300
 graceful_timeout = 30
 keepalive = 5
@@ -71,7 +73,7 @@ logconfig_dict = {
             "stream": "ext://sys.stderr",
         }
     },
-    # The root logger gets its handler in each worker (api/wsgi.py), not twice.
+    # The root logger gets its handler in each worker (api/asgi.py), not twice.
     "root": {"level": "INFO", "handlers": []},
     "loggers": {
         "gunicorn.error": {"handlers": ["stderr"], "level": "INFO", "propagate": False},

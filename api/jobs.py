@@ -16,10 +16,12 @@ from api.openapi import NDJSON
 from api.openapi import Doc
 from api.openapi import Query
 from api.openapi import describe
+from thinkbatch import batches
 from thinkbatch import job_create
 from thinkbatch import jobs as service
 from thinkbatch import stats
 from thinkbatch.ledger import mark_hinted
+from thinkbatch.models import TERMINAL_JOB_STATUSES
 from thinkbatch.models import ItemStatus
 from thinkbatch.queue import publish_job
 from thinkbatch.schemas import ItemPage
@@ -183,4 +185,6 @@ def cancel(job_id: str) -> dict[str, object]:
     require_json(body_required=False)
     with svc.sessions() as session:
         job = service.cancel_job(session, caller(), service.parse_job_id(job_id))
+        if job.endpoint is not None and job.status in TERMINAL_JOB_STATUSES:
+            batches.make_files(svc.engine, job.id)  # a batch that ended at once: its files too
         return service.job_out(job, stats.job_stats(session, job)).model_dump(mode="json")

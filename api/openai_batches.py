@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 
 from flask import Blueprint
@@ -23,9 +22,13 @@ from api.openapi import describe
 from thinkbatch import batches as service
 from thinkbatch import files
 from thinkbatch import job_create
+from thinkbatch.ingest import BodyError
+from thinkbatch.ingest import Limits
+from thinkbatch.ingest import read_object
 from thinkbatch.ingest import validation_error
 from thinkbatch.jobs import InvalidRequest
 from thinkbatch.ledger import mark_hinted
+from thinkbatch.models import TERMINAL_JOB_STATUSES
 from thinkbatch.models import JobStatus
 from thinkbatch.openai_schemas import Batch
 from thinkbatch.openai_schemas import BatchList
@@ -58,15 +61,6 @@ def _file_not_found(error: files.FileNotFound) -> tuple[Response, int]:
     )
 
 
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for key, value in pairs:
-        if key in out:
-            raise InvalidRequest(f"{key}: given twice in the body", param=key)
-        out[key] = value
-    return out
-
-
 def _body() -> service.BatchCreate:
     svc = services()
     require_json()
@@ -76,42 +70,17 @@ def _body() -> service.BatchCreate:
         raw = body.read(MAX_BODY + 1)
     if len(raw) > MAX_BODY:
         raise RequestEntityTooLarge()
+    # The same guarded reader as a job body: strict UTF-8, no NUL, lone surrogate or duplicate
+    # key, bounded depth, and numbers in range (json.loads raises ValueError past 4,300 digits).
     try:
-        data = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        raise InvalidRequest(
-            "body: not a JSON object (strict UTF-8)", code="invalid_json"
-        ) from None
-    if not isinstance(data, dict):
-        raise InvalidRequest("body: must be a JSON object", code="invalid_json")
-    _storable(data, "")
+        data = read_object(raw, Limits.of(svc.settings, items_key=None))
+    except BodyError as error:
+        raise InvalidRequest(error.message, param=error.param, code=error.code) from None
     try:
         return service.BatchCreate.model_validate(data)
     except ValidationError as error:
         bad = validation_error(error)
         raise InvalidRequest(bad.message, param=bad.param, code=bad.code) from None
-
-
-def _storable(value: object, path: str) -> None:
-    """Every string of the body, keys included, as PostgreSQL text and jsonb can hold it: no
-    NUL, and no lone UTF-16 surrogate (json.loads turns a `\\ud800` escape into one)."""
-    if isinstance(value, dict):
-        for key, item in value.items():
-            where = f"{path}.{key}" if path else str(key)
-            _storable(key, path or "body")
-            _storable(item, where)
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            _storable(item, f"{path}[{index}]")
-    elif isinstance(value, str):
-        if "\x00" in value:
-            raise InvalidRequest(f"{path}: must not contain NUL (\\u0000)", param=path)
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidRequest(
-                f"{path}: holds a lone UTF-16 surrogate, not a character", param=path
-            ) from None
 
 
 def _idempotency_key() -> str | None:
@@ -153,7 +122,7 @@ def create() -> dict[str, object]:
         if queued and publish_job(svc.celery, job.id, copies=copies):
             with svc.engine.begin() as conn:
                 mark_hinted(conn, job.id)
-        return service.batch_out(session, svc.engine, job)
+        return service.batch_out(job)
 
 
 def _limit() -> int:
@@ -183,7 +152,7 @@ def list_() -> dict[str, object]:
     svc = services()
     after, limit = params.single("after") or None, _limit()
     with svc.sessions() as session:
-        return service.list_batches(session, svc.engine, caller(), after=after, limit=limit)
+        return service.list_batches(session, caller(), after=after, limit=limit)
 
 
 @bp.get("/v1/batches/<batch_id>")
@@ -193,7 +162,7 @@ def get(batch_id: str) -> dict[str, object]:
     svc = services()
     with svc.sessions() as session:
         job = service.get_batch(session, caller(), service.parse_batch_id(batch_id))
-        return service.batch_out(session, svc.engine, job)
+        return service.batch_out(job)
 
 
 @bp.post("/v1/batches/<batch_id>/cancel")
@@ -211,7 +180,9 @@ def cancel(batch_id: str) -> dict[str, object]:
     require_json(body_required=False)
     with svc.sessions() as session:
         job = service.cancel_batch(session, caller(), service.parse_batch_id(batch_id))
-        return service.batch_out(session, svc.engine, job)
+        if job.status in TERMINAL_JOB_STATUSES and service.make_files(svc.engine, job.id):
+            session.refresh(job)  # a batch with nothing running ends at once: its files too
+        return service.batch_out(job)
 
 
 @bp.get("/v1/models")

@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import re
-import socket
 
 from flask import Blueprint
 from flask import Response
 from flask import request
 from flask import stream_with_context
-from werkzeug.exceptions import ClientDisconnected
-from werkzeug.exceptions import RequestTimeout
 from werkzeug.exceptions import UnsupportedMediaType
 
 from api import params
 from api import services
 from api.auth import caller
-from api.body import BodyDeadline
-from api.body import TooSlowBody
+from api.body import spool
 from api.errors import error_response
+from api.form import Form
+from api.form import parse as parse_form
 from api.openapi import Doc
 from api.openapi import Query
 from api.openapi import describe
@@ -35,6 +33,7 @@ bp = Blueprint("openai_files", __name__, url_prefix="/v1/files")
 FILE_ID = {"file_id": ({"type": "string", "pattern": "^file-[0-9a-f]{32}$"}, "A file id.")}
 MAX_LIST = 10_000  # OpenAI's bound of `limit` for files
 _DIGITS = re.compile(r"[0-9]{1,9}")
+_FIELDS = {"purpose", "expires_after[anchor]", "expires_after[seconds]"}
 
 
 @bp.errorhandler(service.FileNotFound)
@@ -47,37 +46,8 @@ def _too_large(error: service.FileTooLarge) -> tuple[Response, int]:
     return error_response(413, "invalid_request_error", "file_too_large", str(error), "file")
 
 
-def _form() -> None:
-    """Have werkzeug parse the multipart body (it spools a large file part to disk) before any
-    transaction opens, with the same bound on a stalled client as JSON bodies (api.body)."""
-    if request.mimetype != "multipart/form-data":
-        raise UnsupportedMediaType("the body must be multipart/form-data with a `file` part")
-    svc = services()
-    sock = request.environ.get("gunicorn.socket")
-    if isinstance(sock, socket.socket):
-        sock.settimeout(svc.settings.request_read_timeout_s)
-    deadline = BodyDeadline(sock, svc.settings, request.content_length)
-    try:
-        request.files  # noqa: B018 - parses the form
-        if deadline.fired:
-            raise TooSlowBody(svc.settings.request_min_bytes_per_s)
-    except ClientDisconnected as error:
-        if deadline.fired:
-            raise TooSlowBody(svc.settings.request_min_bytes_per_s) from None
-        if isinstance(error.__context__, TimeoutError):
-            raise RequestTimeout("the request body stalled") from None
-        raise
-    finally:
-        deadline.cancel()
-        if isinstance(sock, socket.socket):
-            try:
-                sock.settimeout(None)
-            except OSError:
-                pass
-
-
-def _field(name: str) -> str | None:
-    values = request.form.getlist(name)
+def _field(form: Form, name: str) -> str | None:
+    values = form.fields.get(name, [])
     if len(values) > 1:
         raise InvalidRequest(f"{name}: given {len(values)} times; give it once", param=name)
     if values and "\x00" in values[0]:
@@ -98,28 +68,56 @@ def _field(name: str) -> str | None:
 )
 def upload() -> dict[str, object]:
     svc = services()
-    _form()
-    uploads = request.files.getlist("file")
-    if len(uploads) != 1:
-        raise InvalidRequest("file: give exactly one file part", param="file")
-    purpose = _field("purpose")
-    if purpose is None:
-        raise InvalidRequest("purpose: Field required", param="purpose")
-    expires = service.check_expires_after(
-        _field("expires_after[anchor]"), _field("expires_after[seconds]")
-    )
-    filename = service.check_filename(uploads[0].filename)
-    with svc.sessions.begin() as session:
-        record = service.store_upload(
-            session,
-            caller(),
-            uploads[0].stream,
-            filename=filename,
-            purpose=purpose,
-            expires_after_s=expires,
-            settings=svc.settings,
+    if request.mimetype != "multipart/form-data":
+        raise UnsupportedMediaType("the body must be multipart/form-data with a `file` part")
+    # The body is whole by now (api.intake); it is parsed before any transaction opens.
+    with spool(svc.settings) as body:
+        form = parse_form(
+            body,
+            request.mimetype_params.get("boundary", ""),
+            spool_memory_bytes=svc.settings.spool_memory_bytes,
         )
-        return service.file_out(record)
+    try:
+        if "file" in form.fields:
+            raise InvalidRequest(
+                "file: send the file as a file part (a Content-Disposition with a filename)",
+                param="file",
+            )
+        unknown = sorted(set(form.fields) - _FIELDS) + sorted(
+            {p.name for p in form.files} - {"file"}
+        )
+        if unknown:
+            name = unknown[0][:64]
+            raise InvalidRequest(
+                f"{name}: unknown form field (an upload takes file, purpose and expires_after)",
+                param=name,
+                code="unknown_parameter",
+            )
+        if len(form.files) != 1:
+            raise InvalidRequest(
+                f"file: give exactly one file part (got {len(form.files)})", param="file"
+            )
+        purpose = _field(form, "purpose")
+        if purpose is None:
+            raise InvalidRequest("purpose: Field required", param="purpose")
+        expires = service.check_expires_after(
+            _field(form, "expires_after[anchor]"), _field(form, "expires_after[seconds]")
+        )
+        upload = form.files[0]
+        filename = service.check_filename(upload.filename)
+        with svc.sessions.begin() as session:
+            record = service.store_upload(
+                session,
+                caller(),
+                upload.data,
+                filename=filename,
+                purpose=purpose,
+                expires_after_s=expires,
+                settings=svc.settings,
+            )
+            return service.file_out(record)
+    finally:
+        form.close()
 
 
 def _limit() -> int:
@@ -190,5 +188,7 @@ def delete(file_id: str) -> dict[str, object]:
 )
 def content(file_id: str) -> Response:
     svc = services()
-    stream = batches.iter_file(svc.engine, caller(), service.parse_file_id(file_id))
-    return Response(stream_with_context(stream), mimetype="application/octet-stream")
+    size, stream = batches.open_file(svc.engine, caller(), service.parse_file_id(file_id))
+    response = Response(stream_with_context(stream), mimetype="application/octet-stream")
+    response.content_length = size  # known: an upload's stored bytes, an output's measured ones
+    return response

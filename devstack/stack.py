@@ -137,7 +137,7 @@ class Stack:
         ]  # fmt: skip
         if workers is not None:
             args += ["--workers", str(workers)]
-        proc = self._spawn("api", [*args, "api.wsgi:app"])
+        proc = self._spawn("api", [*args, "api.asgi:app"])
         proc.port = port
         wait_for_port(port, timeout=60)
         return proc

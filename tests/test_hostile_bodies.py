@@ -407,6 +407,58 @@ CASES: list[Case] = [
         "items[1].prompt",
         "limit",
     ),
+    # --- 11. what one item may cost ----------------------------------------------------------
+    (
+        "1,025 messages (MAX_MESSAGES_PER_ITEM)",
+        {"items": [{"messages": [{"role": "user", "content": "x"}] * 1025}]},
+        400,
+        "items[0].messages",
+        "more than 1024 messages",
+    ),
+    (
+        "100,000 one-character messages: refused at the 1,025th",
+        b'{"items":[{"messages":['
+        + b",".join([b'{"role":"user","content":"x"}'] * 100_000)
+        + b"]}]}",
+        400,
+        "items[0].messages",
+        "more than 1024 messages",
+    ),
+    (
+        "an item of 100,001 values (MAX_ITEM_VALUES)",
+        {"items": [{"prompt": "x", "params": {"stop": [0] * 100_001}}]},
+        400,
+        "items[0]",
+        "more than 100000 JSON values",
+    ),
+    (
+        "an item of 2,000,001 characters (MAX_ITEM_CHARS)",
+        {"items": [{"prompt": "x", "zz": "y" * 2_000_001}]},
+        400,
+        "items[0]",
+        "more than 2000000 characters",
+    ),
+    (
+        "the job's params of 100,001 values",
+        {"params": {"stop": [0] * 100_001}, "items": [ITEM]},
+        400,
+        "params",
+        "more than 100000 JSON values",
+    ),
+    (
+        "a 5,000-digit integer",
+        b'{"items":[{"prompt":"x","params":{"seed":' + b"9" * 5000 + b"}}]}",
+        400,
+        "items[0].params.seed",
+        "out of range",
+    ),
+    (
+        "a 5,000-digit integer in metadata",
+        b'{"metadata":{"a":' + b"1" * 5000 + b'},"items":[{"prompt":"x"}]}',
+        400,
+        "metadata.a",
+        "out of range",
+    ),
     # --- shapes (kept from before, for the table) ------------------------------------------------
     ("missing items", {"params": {}}, 400, "items", "Field required"),
     ("empty items", {"items": []}, 400, "items", "at least 1 item"),
@@ -597,7 +649,7 @@ class _Trickle(io.RawIOBase):
 
 def _outcome(body: bytes, step: int) -> tuple[str, Any]:
     try:
-        return "ok", list(ingest.read_body(_Trickle(body, step), max_depth=32))  # type: ignore[arg-type]
+        return "ok", list(ingest.read_body(_Trickle(body, step), ingest.Limits(max_depth=32)))  # type: ignore[arg-type]
     except ingest.BodyError as error:
         return "error", (error.message, error.param)
 

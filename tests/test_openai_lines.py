@@ -7,9 +7,12 @@ import json
 
 import pytest
 
+from thinkbatch.ingest import Limits
 from thinkbatch.openai_lines import CHAT
 from thinkbatch.openai_lines import LineError
 from thinkbatch.openai_lines import parse_line
+
+LINE = Limits(max_depth=32, items_key=None)
 
 
 def line(**body: object) -> bytes:
@@ -24,7 +27,7 @@ def line(**body: object) -> bytes:
 
 
 def test_frequency_penalty_reaches_the_item() -> None:
-    parsed = parse_line(line(frequency_penalty=0.5, presence_penalty=-0.5), CHAT, max_depth=32)
+    parsed = parse_line(line(frequency_penalty=0.5, presence_penalty=-0.5), CHAT, LINE)
     assert parsed.item.params is not None
     assert parsed.item.params.frequency_penalty == 0.5
     assert parsed.item.params.presence_penalty == -0.5
@@ -33,5 +36,5 @@ def test_frequency_penalty_reaches_the_item() -> None:
 @pytest.mark.parametrize("value", [2.5, -3, "0.5"])
 def test_a_frequency_penalty_the_engine_refuses_names_its_field(value: object) -> None:
     with pytest.raises(LineError) as error:
-        parse_line(line(frequency_penalty=value), CHAT, max_depth=32)
+        parse_line(line(frequency_penalty=value), CHAT, LINE)
     assert error.value.param == "body.frequency_penalty"

@@ -1,10 +1,13 @@
-"""Slow clients against a real gunicorn: ten uploads that stall half-way through their bodies
-must not keep anyone else waiting, and each is cut off once it has been silent too long."""
+"""Slow and stalled clients against a real gunicorn: however many bodies trickle in, and in
+whatever framing, nobody else waits for them, and each is cut off as soon as the rule says
+(api/intake.py): no bytes for REQUEST_READ_TIMEOUT_S, or less than its received bytes at
+REQUEST_MIN_BYTES_PER_S beyond that, whatever size it declared."""
 
 from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,35 +25,99 @@ from thinkbatch.settings import Settings
 pytestmark = pytest.mark.slow  # real processes: left out of make check
 
 READ_TIMEOUT_S = 3
+UPLOADS_PER_CLIENT = 4
 
 
-@pytest.fixture
-def api(settings: Settings, db: sa.Engine, tmp_path: Path) -> Iterator[Proc]:
-    stack = Stack(
+def _api(settings: Settings, tmp_path: Path, **env: str) -> Stack:
+    return Stack(
         {
             "THINKBATCH_DATABASE_URL": settings.require_database_url(),
             "THINKBATCH_REDIS_URL": settings.require_redis_url(),
             "THINKBATCH_REQUEST_READ_TIMEOUT_S": str(READ_TIMEOUT_S),
+            "THINKBATCH_MAX_UPLOADS_PER_CLIENT": str(UPLOADS_PER_CLIENT),
+            **env,
         },
         tmp_path,
     )
+
+
+@pytest.fixture
+def api(settings: Settings, db: sa.Engine, tmp_path: Path) -> Iterator[Proc]:
+    stack = _api(settings, tmp_path)
     try:
         yield stack.start_api()
     finally:
         stack.stop_all()
 
 
-def stall(port: int, key: str) -> socket.socket:
-    """Headers and half a body of a valid, authenticated submit, then nothing."""
-    body = json.dumps({"items": [{"prompt": "x" * 1000}]}).encode()
-    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    sock.sendall(
+def _body() -> bytes:
+    return json.dumps({"items": [{"prompt": "x" * 1000}]}).encode()
+
+
+def stall(
+    port: int, key: str, *, chunked: bool = False, source: str = "127.0.0.1", declared: int = 0
+) -> socket.socket:
+    """Headers and half a body of a valid, authenticated submit, then nothing. `declared`
+    claims a larger Content-Length than the body (a client announcing a huge upload)."""
+    body = _body()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
+    head = (
         b"POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         + f"Authorization: Bearer {key}\r\n".encode()
-        + f"Content-Length: {len(body)}\r\n\r\n".encode()
-        + body[: len(body) // 2]
     )
+    if chunked:
+        half = body[: len(body) // 2]
+        sock.sendall(head + b"Transfer-Encoding: chunked\r\n\r\n" + _chunk(half))
+    else:
+        length = declared or len(body)
+        sock.sendall(head + f"Content-Length: {length}\r\n\r\n".encode() + body[: len(body) // 2])
     return sock
+
+
+def _chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+def _trickle(sock: socket.socket, chunked: bool) -> bool:
+    """One byte of JSON whitespace (a valid body, only slow); False once the server closed."""
+    try:
+        sock.sendall(_chunk(b" ") if chunked else b" ")
+        return True
+    except OSError:
+        return False
+
+
+def _answer(sock: socket.socket, timeout: float) -> bytes:
+    """The response on a connection, read until the server closes it."""
+    sock.settimeout(timeout)
+    out = b""
+    try:
+        while chunk := sock.recv(65536):
+            out += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return out
+
+
+def _served_fast(base: str, auth: dict[str, str]) -> None:
+    """/healthz and a small submit on new connections, each answered within 1 s.
+
+    1 s is safe on a loaded 2-core host: a served request takes tens of milliseconds, and a
+    blocked one would wait for a stalled body, i.e. READ_TIMEOUT_S (3 s) at least."""
+    start = time.monotonic()
+    assert httpx.get(f"{base}/healthz", timeout=1.0).status_code == 200
+    assert time.monotonic() - start < 1.0
+    start = time.monotonic()
+    submitted = httpx.post(
+        f"{base}/v1/jobs", json={"items": [{"prompt": "hello"}]}, headers=auth, timeout=1.0
+    )
+    assert submitted.status_code == 201, submitted.text
+    assert time.monotonic() - start < 1.0
+
+
+def _jobs(db: sa.Engine) -> int:
+    with db.connect() as conn:
+        return int(conn.execute(sa.text("SELECT count(*) FROM jobs")).scalar_one())
 
 
 def test_stalled_uploads_do_not_block_others(api: Proc, db: sa.Engine) -> None:
@@ -63,63 +130,152 @@ def test_stalled_uploads_do_not_block_others(api: Proc, db: sa.Engine) -> None:
             f"{base}/v1/jobs", json={"items": [{"prompt": "warm"}]}, headers=auth, timeout=30
         )
         assert warm.status_code == 201, warm.text
-    stalled = [stall(api.port, key) for _ in range(10)]
+    # Ten silent bodies from ten client addresses (127/8 is all loopback): the per-address cap
+    # does not come into it.
+    stalled = [stall(api.port, key, source=f"127.0.1.{n + 1}") for n in range(10)]
     try:
-        time.sleep(0.5)  # every stalled request is now inside a worker, waiting for its body
-        # 1 s is safe on a loaded 2-core host: a served request takes tens of milliseconds, and
-        # a blocked one would wait for a stalled thread, i.e. READ_TIMEOUT_S (3 s) at least.
-        for _ in range(3):  # new connections, as new clients would open them
-            start = time.monotonic()
-            assert httpx.get(f"{base}/healthz", timeout=1.0).status_code == 200
-            assert time.monotonic() - start < 1.0
-            start = time.monotonic()
-            submitted = httpx.post(
-                f"{base}/v1/jobs", json={"items": [{"prompt": "hello"}]}, headers=auth, timeout=1.0
-            )
-            assert submitted.status_code == 201, submitted.text
-            assert time.monotonic() - start < 1.0
+        time.sleep(0.5)
+        for _ in range(3):
+            _served_fast(base, auth)
         # A silent client is answered 408 and let go once REQUEST_READ_TIMEOUT_S has passed.
         deadline = time.monotonic() + READ_TIMEOUT_S + 5
         for sock in stalled:
-            sock.settimeout(max(0.1, deadline - time.monotonic()))
-            head = sock.recv(65536)
-            assert head.startswith(b"HTTP/1.1 408"), head[:200]
-            rest = b""
-            while chunk := sock.recv(65536):  # then the server closes the connection
-                rest += chunk
-            assert b"HTTP/1.1" not in rest
+            answer = _answer(sock, max(0.1, deadline - time.monotonic()))
+            assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+            assert b"stalled" in answer
+            assert answer.count(b"HTTP/1.1") == 1  # then the server closed the connection
     finally:
         for sock in stalled:
             sock.close()
-    with db.connect() as conn:  # only the complete submits were stored
-        assert conn.execute(sa.text("SELECT count(*) FROM jobs")).scalar() == 4 + 3
+    assert _jobs(db) == 4 + 3  # only the complete submits were stored
 
 
-def test_a_trickling_upload_is_cut_off(api: Proc, db: sa.Engine) -> None:
-    """A byte every second never trips the per-read timeout; the minimum rate ends it."""
+def test_fifty_trickling_clients_of_both_framings(
+    settings: Settings, db: sa.Engine, tmp_path: Path
+) -> None:
+    """50 clients, each from its own address, half of them chunked and half declaring a 256 MiB
+    Content-Length, all sending a byte now and then: more than the API's threads (2 processes x
+    API_THREADS 16). The API still answers at once, and each is cut off by the rate."""
+    read_timeout = 10  # long enough to measure while all 50 hold their connections
+    stack = _api(settings, tmp_path, THINKBATCH_REQUEST_READ_TIMEOUT_S=str(read_timeout))
+    api = stack.start_api()
+    assert api.port is not None
+    base = f"http://127.0.0.1:{api.port}"
+    key = make_key(db, TENANT)
+    auth = {"Authorization": f"Bearer {key}"}
+    slow: list[tuple[socket.socket, bool]] = []
+    stop = threading.Event()
+
+    def trickle() -> None:
+        while not stop.wait(1.0):
+            for sock, chunked in slow:
+                _trickle(sock, chunked)
+
+    feeder = threading.Thread(target=trickle, daemon=True)
+    try:
+        httpx.post(f"{base}/v1/jobs", json={"items": [{"prompt": "w"}]}, headers=auth, timeout=30)
+        started = time.monotonic()
+        for n in range(50):
+            chunked = n % 2 == 0
+            sock = stall(
+                api.port,
+                key,
+                chunked=chunked,
+                source=f"127.0.2.{n + 1}",
+                declared=0 if chunked else 256 * 1024 * 1024,
+            )
+            slow.append((sock, chunked))
+        feeder.start()
+        time.sleep(1.0)
+        assert time.monotonic() - started < read_timeout - 3  # all 50 still held
+        for _ in range(3):
+            _served_fast(base, auth)
+        assert time.monotonic() - started < read_timeout  # ...while they were
+        # Each is cut off once it has used up REQUEST_READ_TIMEOUT_S plus its few bytes at the
+        # minimum rate: about read_timeout, not the hours 256 MiB (or no length) would allow.
+        for sock, _ in slow:
+            answer = _answer(sock, max(0.1, started + read_timeout + 10 - time.monotonic()))
+            assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+            assert b"too slowly" in answer, answer
+        assert time.monotonic() - started < read_timeout + 10
+    finally:
+        stop.set()
+        for sock, _ in slow:
+            sock.close()
+        stack.stop_all()
+    assert _jobs(db) == 1 + 3
+
+
+def test_uploads_per_client_address_are_capped(
+    settings: Settings, db: sa.Engine, tmp_path: Path
+) -> None:
+    """One address may send MAX_UPLOADS_PER_CLIENT bodies to a process at once; the next is
+    refused at once with 429 and Retry-After, another address is not affected, and the cap
+    frees up as the bodies end."""
+    stack = _api(settings, tmp_path, THINKBATCH_API_WORKERS="1")  # the cap is per process
+    api = stack.start_api()
+    assert api.port is not None
+    base = f"http://127.0.0.1:{api.port}"
+    key = make_key(db, TENANT)
+    held = [stall(api.port, key, source="127.0.3.1") for _ in range(UPLOADS_PER_CLIENT)]
+    try:
+        time.sleep(0.3)
+        extra = stall(api.port, key, source="127.0.3.1", chunked=True)
+        answer = _answer(extra, 2.0)
+        extra.close()
+        assert answer.startswith(b"HTTP/1.1 429"), answer[:200]
+        assert b"retry-after:" in answer.lower()
+        assert b"MAX_UPLOADS_PER_CLIENT" in answer
+        other = httpx.post(  # from 127.0.0.1: its own count
+            f"{base}/v1/jobs",
+            json={"items": [{"prompt": "hello"}]},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=5,
+        )
+        assert other.status_code == 201, other.text
+        for sock in held:  # the held bodies end (stalled out), and the address may send again
+            assert _answer(sock, READ_TIMEOUT_S + 5).startswith(b"HTTP/1.1 408")
+        again = stall(api.port, key, source="127.0.3.1")
+        again.sendall(_body()[len(_body()) // 2 :])
+        assert _answer(again, 5).startswith(b"HTTP/1.1 201")
+        again.close()
+    finally:
+        for sock in held:
+            sock.close()
+        stack.stop_all()
+    assert _jobs(db) == 2
+
+
+def test_a_trickling_file_upload_is_cut_off(api: Proc, db: sa.Engine) -> None:
+    """The same rule holds on /v1/files, a multipart body sent chunked."""
     assert api.port is not None
     key = make_key(db, TENANT)
-    sock = stall(api.port, key)  # headers and half a body...
+    sock = socket.create_connection(("127.0.0.1", api.port), timeout=10)
+    part = (
+        b'--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n'
+    )
+    sock.sendall(
+        b"POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: multipart/form-data; boundary=b\r\n"
+        + f"Authorization: Bearer {key}\r\n".encode()
+        + b"Transfer-Encoding: chunked\r\n\r\n"
+        + _chunk(part)
+    )
+    started = time.monotonic()
     try:
-        sock.settimeout(1.0)
-        started = time.monotonic()
-        head = b""
-        while not head and time.monotonic() - started < READ_TIMEOUT_S + 20:
+        while _trickle(sock, chunked=True) and time.monotonic() - started < READ_TIMEOUT_S + 10:
+            sock.settimeout(1.0)
             try:
-                sock.sendall(b" ")  # ...then a byte a second: JSON whitespace, a valid body
-            except OSError:
-                break  # the server closed its side
-            try:
-                head = sock.recv(65536)
+                if sock.recv(1, socket.MSG_PEEK):
+                    break
             except TimeoutError:
                 continue
-        assert head.startswith(b"HTTP/1.1 408"), head[:300]
-        sock.settimeout(10)
-        while b"}}" not in head and (chunk := sock.recv(65536)):
-            head += chunk
-        assert b"too slowly" in head, head
-        assert time.monotonic() - started < READ_TIMEOUT_S + 10
+        answer = _answer(sock, 5)
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
+        assert b"too slowly" in answer
+        assert time.monotonic() - started < READ_TIMEOUT_S + 5
     finally:
         sock.close()
     with db.connect() as conn:
-        assert conn.execute(sa.text("SELECT count(*) FROM jobs")).scalar() == 0
+        assert conn.execute(sa.text("SELECT count(*) FROM files")).scalar() == 0

@@ -32,6 +32,7 @@ from pydantic import Field
 from sqlalchemy import orm
 
 from thinkbatch import files
+from thinkbatch import ingest
 from thinkbatch import job_create
 from thinkbatch import jobs
 from thinkbatch import openai_lines as lines
@@ -142,13 +143,13 @@ def create_batch(
                 existing.endpoint,
                 existing.input_file_id,
                 existing.completion_window_text,
-                existing.meta or {},
+                existing.meta,
                 existing.output_expires_after_s,
             ) != (
                 spec.endpoint,
                 _input_file(spec.input_file_id),
                 spec.completion_window,
-                dict(spec.metadata or {}),
+                spec.metadata,
                 expires,
             ):
                 raise InvalidRequest(
@@ -169,7 +170,7 @@ def create_batch(
     job.idempotency_key = idempotency_key
     if spec.output_expires_after is not None:
         job.output_expires_after_s = spec.output_expires_after.seconds
-    job.meta = dict(spec.metadata or {})
+    job.meta = dict(spec.metadata) if spec.metadata is not None else None
     session.flush()
     savepoint = session.begin_nested()
     checked = _Validation(errors=[])
@@ -191,8 +192,11 @@ def create_batch(
         session.refresh(job)
         return job, True
     savepoint.commit()
-    header = JobHeader(metadata=job.meta, completion_window=seconds)
+    metadata = job.meta
+    header = JobHeader(metadata=metadata or {}, completion_window=seconds)
     job_create.apply_header(session, job, header, settings)
+    job.meta = metadata  # as sent: none, or {} (apply_header would make both {})
+    session.flush()
     return job, True
 
 
@@ -215,12 +219,22 @@ def _rows(
     nothing more is written (it will all be rolled back); validation goes on, to report up to
     MAX_BATCH_ERRORS lines at once."""
     items = job_create.ItemRows(job.id, settings)
-    for number, raw in enumerate(files.iter_lines(engine, file_key), start=1):
-        if not raw.strip():
+    limits = ingest.Limits.of(settings, items_key=None)
+    for number, raw in enumerate(
+        files.iter_lines(engine, file_key, settings.max_line_bytes), start=1
+    ):
+        if not isinstance(raw, files.LineTooLong) and not raw.strip():
             continue
         checked.lines += 1
         try:
-            parsed = lines.parse_line(raw, endpoint, max_depth=settings.max_json_depth)
+            if isinstance(raw, files.LineTooLong):
+                raise lines.LineError(
+                    f"the line is longer than {raw.limit} bytes, more than any item within "
+                    "MAX_ITEM_CHARS and MAX_ITEM_VALUES can take",
+                    None,
+                    "line_too_long",
+                )
+            parsed = lines.parse_line(raw, endpoint, limits)
             if parsed.model != settings.model_name:
                 raise lines.LineError(
                     f"body.model: {parsed.model!r} is not served here; this deployment serves "
@@ -274,7 +288,7 @@ def get_batch(session: orm.Session, caller: Caller, key: uuid.UUID) -> Job:
 
 
 def list_batches(
-    session: orm.Session, engine: sa.Engine, caller: Caller, *, after: str | None, limit: int
+    session: orm.Session, caller: Caller, *, after: str | None, limit: int
 ) -> dict[str, Any]:
     query = sa.select(Job).where(Job.tenant == caller.tenant, Job.endpoint.is_not(None))
     if after:
@@ -296,7 +310,7 @@ def list_batches(
     found = list(
         session.scalars(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1))
     )
-    data = [batch_out(session, engine, job) for job in found[:limit]]
+    data = [batch_out(job) for job in found[:limit]]
     return files.page(data, has_more=len(found) > limit)
 
 
@@ -319,19 +333,19 @@ def _unix(value: datetime | None) -> int | None:
     return int(value.timestamp()) if value is not None else None
 
 
-def batch_out(session: orm.Session, engine: sa.Engine, job: Job) -> dict[str, Any]:
-    """The job as an OpenAI `Batch`, its output files made once it is finished."""
-    if job.status in TERMINAL_JOB_STATUSES and job.batch_errors is None:
-        if job.output_file_id is None:
-            _finish_files(session, engine, job)
+def batch_out(job: Job) -> dict[str, Any]:
+    """The job as an OpenAI `Batch`. A finished batch whose output files are not made yet is
+    `finalizing` (OpenAI's word for it): they are made by whatever finished it, or the sweeper
+    (make_files), never by a read."""
     status = job.status.value if isinstance(job.status, JobStatus) else str(job.status)
-    shown = "in_progress" if status in ("queued", "running") else status
-    ended: dict[str, int | None] = {
-        s: None for s in ("completed", "failed", "cancelled", "expired")
-    }
-    if status in ended:
-        ended[status] = _unix(job.finished_at)
     refused = job.batch_errors is not None
+    finalizing = status in _ENDED and not refused and job.output_file_id is None
+    shown = "in_progress" if status in ("queued", "running") else status
+    ended: dict[str, int | None] = dict.fromkeys(_ENDED)
+    if finalizing:
+        shown = "finalizing"
+    elif status in ended:
+        ended[status] = _unix(job.finished_at)
     return {
         "id": batch_id(job.id),
         "object": "batch",
@@ -346,7 +360,7 @@ def batch_out(session: orm.Session, engine: sa.Engine, job: Job) -> dict[str, An
         "created_at": _unix(job.created_at),
         "in_progress_at": None if refused else _unix(job.created_at),
         "expires_at": _unix(job.expires_at),
-        "finalizing_at": None,
+        "finalizing_at": _unix(job.finished_at) if status in _ENDED and not refused else None,
         "completed_at": ended["completed"],
         "failed_at": ended["failed"],
         "expired_at": ended["expired"],
@@ -364,48 +378,80 @@ def batch_out(session: orm.Session, engine: sa.Engine, job: Job) -> dict[str, An
             "output_tokens_details": {"reasoning_tokens": job.reasoning_tokens},
             "total_tokens": job.prompt_tokens + job.completion_tokens,
         },
-        "metadata": job.meta or None,
+        "metadata": job.meta,
     }
 
 
-def _finish_files(session: orm.Session, engine: sa.Engine, job: Job) -> None:
-    """Create the output (and, if any item did not succeed, error) file of a finished batch,
-    once: the job row is locked so that concurrent readers make them only once."""
-    locked = session.scalar(
-        sa.select(Job)
-        .where(Job.id == job.id)
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    )
-    if locked is None or locked.output_file_id is not None:
-        return
-    now = datetime.now(UTC)
-    made: dict[FileKind, uuid.UUID] = {}
-    kinds = [FileKind.output]
-    if locked.failed + locked.cancelled + locked.expired > 0:
-        kinds.append(FileKind.error)
-    for kind in kinds:
-        size = sum(len(chunk) for chunk in _render(engine, locked, kind))
-        record = File(
-            id=uuid.uuid4(),
-            tenant=locked.tenant,
-            kind=kind,
-            purpose="batch_output",
-            filename=f"{batch_id(locked.id)}_{kind.value}.jsonl",
-            bytes=size,
-            job_id=locked.id,
-            created_at=now,
-            expires_at=(
-                now + timedelta(seconds=locked.output_expires_after_s)
-                if locked.output_expires_after_s
-                else None
-            ),
+_ENDED = ("completed", "failed", "cancelled", "expired")
+
+
+# --- output files -----------------------------------------------------------------------------
+
+# Jobs a call of make_due_files takes at most: each is rendered once to size its files.
+DUE_FILES_PER_CALL = 20
+
+
+def make_due_files(engine: sa.Engine, limit: int = DUE_FILES_PER_CALL) -> int:
+    """Make the output files of finished batches that have none yet; returns how many."""
+    with engine.connect() as conn:
+        due = list(
+            conn.execute(
+                sa.select(Job.id)
+                .where(
+                    Job.endpoint.is_not(None),
+                    Job.output_file_id.is_(None),
+                    Job.batch_errors.is_(None),
+                    Job.status.in_(TERMINAL_JOB_STATUSES),
+                )
+                .order_by(Job.finished_at)
+                .limit(limit)
+            ).scalars()
         )
-        session.add(record)
-        made[kind] = record.id
-    locked.output_file_id = made[FileKind.output]
-    locked.error_file_id = made.get(FileKind.error)
-    session.commit()
+    return sum(make_files(engine, job_id) for job_id in due)
+
+
+def make_files(engine: sa.Engine, job_id: uuid.UUID) -> bool:
+    """Create the output file (and, if any item did not succeed, the error file) of a finished
+    batch, once. Their exact sizes come from rendering the lines (a finished job's results
+    never change, and rendering is deterministic), done before the job row is locked; the row
+    lock then makes sure that only one process stores them."""
+    with orm.Session(engine) as session:
+        job = session.get(Job, job_id)
+        if job is None or job.output_file_id is not None or job.endpoint is None:
+            return False
+        if job.status not in TERMINAL_JOB_STATUSES or job.batch_errors is not None:
+            return False
+        kinds = [FileKind.output]
+        if job.failed + job.cancelled + job.expired > 0:
+            kinds.append(FileKind.error)
+        sizes = {kind: sum(len(chunk) for chunk in _render(engine, job, kind)) for kind in kinds}
+    with orm.Session(engine) as session, session.begin():
+        locked = session.scalar(sa.select(Job).where(Job.id == job_id).with_for_update())
+        if locked is None or locked.output_file_id is not None:
+            return False
+        now = datetime.now(UTC)
+        made: dict[FileKind, uuid.UUID] = {}
+        for kind, size in sizes.items():
+            record = File(
+                id=uuid.uuid4(),
+                tenant=locked.tenant,
+                kind=kind,
+                purpose="batch_output",
+                filename=f"{batch_id(locked.id)}_{kind.value}.jsonl",
+                bytes=size,
+                job_id=locked.id,
+                created_at=now,
+                expires_at=(
+                    now + timedelta(seconds=locked.output_expires_after_s)
+                    if locked.output_expires_after_s
+                    else None
+                ),
+            )
+            session.add(record)
+            made[kind] = record.id
+        locked.output_file_id = made[FileKind.output]
+        locked.error_file_id = made.get(FileKind.error)
+    return True
 
 
 _ROW_COLUMNS = (
@@ -455,16 +501,17 @@ def _render(engine: sa.Engine, job: Job, kind: FileKind, batch: int = 1000) -> I
             yield b"".join(buffer)
 
 
-def iter_file(engine: sa.Engine, caller: Caller, key: uuid.UUID) -> Iterator[bytes]:
-    """A file's content: an upload's chunks, or a batch's rendered lines. The file's ownership
-    is checked here, before the first byte (FileNotFound otherwise)."""
+def open_file(engine: sa.Engine, caller: Caller, key: uuid.UUID) -> tuple[int, Iterator[bytes]]:
+    """A file's size and content: an upload's chunks, or a batch's rendered lines (whose size
+    was measured when they were made). The file's ownership is checked here, before the first
+    byte (FileNotFound otherwise)."""
     with orm.Session(engine) as session:
         found = files.get_file(session, caller, key)
         job = session.get(Job, found.job_id) if found.job_id else None
-        kind = found.kind
+        kind, size = found.kind, found.bytes
     if job is None:
-        return files.iter_chunks(engine, key)
-    return _render(engine, job, FileKind(kind))
+        return size, files.iter_chunks(engine, key)
+    return size, _render(engine, job, FileKind(kind))
 
 
 # --- models -----------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC
 from datetime import datetime
 from datetime import timedelta
@@ -107,11 +108,24 @@ def check_expires_after(anchor: str | None, seconds: str | None) -> int | None:
     return int(seconds)
 
 
+MAX_FILENAME_CHARS = 256  # the column's width; a longer name is refused, never cut
+
+
 def check_filename(name: str | None) -> str:
     name = name or "upload.jsonl"
     if "\x00" in name:
         raise InvalidRequest("file: the filename must not contain NUL", param="file")
-    return name[-256:]
+    if len(name) > MAX_FILENAME_CHARS:
+        raise InvalidRequest(
+            f"file: the filename has {len(name)} characters; at most {MAX_FILENAME_CHARS}",
+            param="file",
+            code="filename_too_long",
+        )
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequest("file: the filename is not valid text", param="file") from None
+    return name
 
 
 def store_upload(
@@ -181,16 +195,52 @@ def iter_chunks(engine: sa.Engine, key: uuid.UUID) -> Iterator[bytes]:
             yield bytes(data)
 
 
-def iter_lines(engine: sa.Engine, key: uuid.UUID) -> Iterator[bytes]:
-    """An upload's lines (without their line ends), one chunk in memory at a time."""
-    rest = b""
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark, which some Windows tools write first
+
+
+@dataclass(frozen=True, slots=True)
+class LineTooLong:
+    """A line longer than the limit, skipped unread."""
+
+    limit: int
+
+
+def iter_lines(engine: sa.Engine, key: uuid.UUID, max_bytes: int) -> Iterator[bytes | LineTooLong]:
+    """An upload's lines (without their line ends), one chunk in memory at a time. A line over
+    `max_bytes` is not kept: it comes out as LineTooLong. A leading byte-order mark is not
+    part of the first line."""
+    line = bytearray()
+    too_long = False
+    first = True
     for chunk in iter_chunks(engine, key):
-        lines = (rest + chunk).split(b"\n")
-        rest = lines.pop()
-        for line in lines:
-            yield line.removesuffix(b"\r")
-    if rest:
-        yield rest.removesuffix(b"\r")
+        if first:
+            first = False
+            if chunk.startswith(BOM):
+                chunk = chunk[len(BOM) :]
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            piece = chunk[start:] if end < 0 else chunk[start:end]
+            if not too_long:
+                if len(line) + len(piece) > max_bytes:
+                    too_long = True
+                    line.clear()
+                else:
+                    line += piece
+            if end < 0:
+                break
+            yield LineTooLong(max_bytes) if too_long else _ended(line)
+            line.clear()
+            too_long = False
+            start = end + 1
+    if too_long:
+        yield LineTooLong(max_bytes)
+    elif line:
+        yield _ended(line)
+
+
+def _ended(line: bytearray) -> bytes:
+    return bytes(line[:-1] if line.endswith(b"\r") else line)
 
 
 def list_files(

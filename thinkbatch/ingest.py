@@ -23,8 +23,10 @@ Invalid JSON gets one line with the byte offset and never an echo of the body.
 from __future__ import annotations
 
 import codecs
+import io
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import IO
 from typing import Any
 
@@ -33,6 +35,7 @@ from pydantic import ValidationError
 
 from thinkbatch.schemas import ItemIn
 from thinkbatch.schemas import JobHeader
+from thinkbatch.settings import Settings
 
 
 class BodyError(Exception):
@@ -178,10 +181,35 @@ def _json_error(error: Exception, guard: _Guard) -> BodyError:
     return BodyError(f"request body is not valid JSON: {reason} ({where})", code="invalid_json")
 
 
-# --- events -----------------------------------------------------------------------------------
+# --- events ---------------------------------------------------------------------------------
 
 _TOP, _ITEMS, _MAP, _ARRAY = range(4)
 _MAX_SHOWN_KEY = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one item of a body (or one whole object, such as a batch file's line) may hold,
+    checked on the parser's events before the value is built, so that no item can cost more
+    memory than these allow however it is written."""
+
+    max_depth: int
+    max_messages: int = 1 << 62
+    max_chars: int = 1 << 62
+    max_values: int = 1 << 62
+    # Where the limits' counts start again: the top-level key whose array holds the items
+    # (`items` of a job body), each element counted on its own; None counts the whole object.
+    items_key: str | None = "items"
+
+    @classmethod
+    def of(cls, settings: Settings, *, items_key: str | None = "items") -> Limits:
+        return cls(
+            max_depth=settings.max_json_depth,
+            max_messages=settings.max_messages_per_item,
+            max_chars=settings.max_item_chars,
+            max_values=settings.max_item_values,
+            items_key=items_key,
+        )
 
 
 class _Frame:
@@ -216,13 +244,64 @@ def _check_text(value: str, stack: list[_Frame], what: str = "") -> None:
         )
 
 
-def read_body(stream: IO[bytes], *, max_depth: int) -> Iterator[tuple[str, Any]]:
-    """Yield ("items", None) where the `items` array starts, ("item", value) for each of its
-    elements and ("field", (key, value)) for every other top-level key, in body order.
+class _Tally:
+    """The counts of Limits for the value being read (an item, or the whole object)."""
 
-    Objects and arrays may nest `max_depth` levels (the body's own object is level 1)."""
+    __slots__ = ("limits", "values", "chars", "where")
+
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self.values = self.chars = 0
+        self.where = ""
+
+    def start(self, where: str) -> None:
+        self.values = self.chars = 0
+        self.where = where
+
+    def add(self, stack: list[_Frame], chars: int = 0) -> None:
+        self.values += 1
+        self.chars += chars
+        limits = self.limits
+        if self.values > limits.max_values:
+            where = self.where or "request body"
+            raise BodyError(
+                f"{where}: holds more than {limits.max_values} JSON values (MAX_ITEM_VALUES)",
+                self.where or None,
+                "item_too_large",
+            )
+        if self.chars > limits.max_chars:
+            where = self.where or "request body"
+            raise BodyError(
+                f"{where}: holds more than {limits.max_chars} characters (MAX_ITEM_CHARS)",
+                self.where or None,
+                "item_too_large",
+            )
+        parent = stack[-1]
+        if (
+            parent.kind == _ARRAY
+            and parent.index >= limits.max_messages
+            and len(stack) >= 2
+            and stack[-2].key == "messages"
+        ):
+            path = _path(stack, child=False)
+            raise BodyError(
+                f"{path}: more than {limits.max_messages} messages (MAX_MESSAGES_PER_ITEM)",
+                path,
+                "too_many_messages",
+            )
+
+
+def read_body(stream: IO[bytes], limits: Limits) -> Iterator[tuple[str, Any]]:
+    """Yield ("items", None) where the items array (`limits.items_key`) starts, ("item",
+    value) for each of its elements and ("field", (key, value)) for every other top-level key,
+    in body order.
+
+    Objects and arrays may nest `limits.max_depth` levels (the body's own object is level 1).
+    Numbers too large for the parser are refused as out of range, never a server error."""
     guard = _Guard(stream)
     stack: list[_Frame] = []
+    tally = _Tally(limits)
+    items_key = limits.items_key
     done = False
     try:
         for event, value in ijson.basic_parse(guard, use_float=True):
@@ -236,13 +315,19 @@ def read_body(stream: IO[bytes], *, max_depth: int) -> Iterator[tuple[str, Any]]
                     raise BodyError(f"{path}: duplicate key", path, "duplicate_key")
                 frame.keys.add(value)
                 frame.key = value
+                tally.chars += len(value)
                 continue
+            if stack and event != "end_map" and event != "end_array":
+                if stack[-1].kind == _ITEMS:
+                    tally.start(_path(stack))  # a new item: its own counts
+                elif stack[-1].kind == _TOP and items_key is not None:
+                    tally.start(stack[-1].key or "")  # a field of the job: its own too
             if event == "start_map" or event == "start_array":
-                if len(stack) >= max_depth:
+                if len(stack) >= limits.max_depth:
                     where = _path(stack) or None
                     raise BodyError(
-                        f"{where or 'request body'}: nested deeper than {max_depth} levels "
-                        "of objects and arrays",
+                        f"{where or 'request body'}: nested deeper than {limits.max_depth} "
+                        "levels of objects and arrays",
                         where,
                         "too_deep",
                     )
@@ -252,33 +337,42 @@ def read_body(stream: IO[bytes], *, max_depth: int) -> Iterator[tuple[str, Any]]
                             "request body: Input should be an object", code="invalid_type"
                         )
                     stack.append(_Frame(_TOP))
-                elif stack[-1].kind == _TOP and stack[-1].key == "items":
+                    continue
+                top = stack[-1].kind == _TOP
+                if top and items_key is not None and stack[-1].key == items_key:
                     if event != "start_array":
                         raise BodyError(
-                            "items: Input should be a valid array", "items", "list_type"
+                            f"{items_key}: Input should be a valid array",
+                            items_key,
+                            "list_type",
                         )
                     stack.append(_Frame(_ITEMS))
                     yield "items", None
-                elif event == "start_map":
-                    stack.append(_Frame(_MAP, {}))
-                else:
-                    stack.append(_Frame(_ARRAY, []))
+                    continue
+                tally.add(stack)
+                stack.append(_Frame(_MAP, {}) if event == "start_map" else _Frame(_ARRAY, []))
                 continue
             if event == "end_map" or event == "end_array":
                 value = stack.pop().value
                 if not stack:
                     done = True  # read on: anything after the object is an error of yajl's
                     continue
-                if stack[-1].kind == _TOP and stack[-1].key == "items":
+                if stack[-1].kind == _TOP and items_key is not None and stack[-1].key == items_key:
                     continue  # the items frame yielded its elements one by one
             elif not stack:
                 raise BodyError("request body: Input should be an object", code="invalid_type")
-            elif isinstance(value, str):
-                _check_text(value, stack)
+            else:
+                if isinstance(value, str):
+                    _check_text(value, stack)
+                    tally.add(stack, len(value))
+                else:
+                    tally.add(stack)
             parent = stack[-1]
             if parent.kind == _TOP:
-                if parent.key == "items":
-                    raise BodyError("items: Input should be a valid array", "items", "list_type")
+                if items_key is not None and parent.key == items_key:
+                    raise BodyError(
+                        f"{items_key}: Input should be a valid array", items_key, "list_type"
+                    )
                 yield "field", (parent.key, value)
             elif parent.kind == _ITEMS:
                 yield "item", value
@@ -297,6 +391,19 @@ def read_body(stream: IO[bytes], *, max_depth: int) -> Iterator[tuple[str, Any]]
         raise _json_error(error, guard) from None
     if not done:
         raise _json_error(ijson.IncompleteJSONError("premature EOF"), guard)
+
+
+def read_object(data: bytes, limits: Limits) -> dict[str, Any]:
+    """A whole JSON object (a batch file's line, a batch's create body) read under the same
+    guards as a job body, its counts over the whole object."""
+    whole = Limits(
+        max_depth=limits.max_depth,
+        max_messages=limits.max_messages,
+        max_chars=limits.max_chars,
+        max_values=limits.max_values,
+        items_key=None,
+    )
+    return {key: value for _, (key, value) in read_body(io.BytesIO(data), whole)}
 
 
 def validation_error(error: ValidationError, prefix: str = "") -> BodyError:

@@ -232,7 +232,7 @@ def create_job_from_stream(
 
         def rows() -> Iterator[tuple[object, ...]]:
             nonlocal saw_items
-            for kind, value in ingest.read_body(body, max_depth=settings.max_json_depth):
+            for kind, value in ingest.read_body(body, ingest.Limits.of(settings)):
                 if kind == "field":
                     key, raw = value
                     fields[key] = raw

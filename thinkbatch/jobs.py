@@ -76,7 +76,7 @@ def job_out(job: Job, stats: JobStats | None = None) -> JobOut:
             completion_tokens=job.completion_tokens,
             reasoning_tokens=job.reasoning_tokens,
         ),
-        metadata=job.meta,
+        metadata=job.meta or {},
         error=(
             ErrorInfo(code=job.error_code, message=job.error_message or "")
             if job.error_code

@@ -114,7 +114,8 @@ class Job(Base):
     )
     model: orm.Mapped[str] = orm.mapped_column(sa.String(256))
     params: orm.Mapped[dict[str, Any]] = orm.mapped_column(default=dict)
-    meta: orm.Mapped[dict[str, Any]] = orm.mapped_column("metadata", default=dict)
+    # NULL when the request gave none: a batch echoes `metadata: {}` and a missing one apart.
+    meta: orm.Mapped[dict[str, Any] | None] = orm.mapped_column("metadata", default=dict)
     priority: orm.Mapped[int] = orm.mapped_column(default=0)
     created_at: orm.Mapped[datetime] = orm.mapped_column(default=_utcnow)
     started_at: orm.Mapped[datetime | None]
@@ -184,6 +185,15 @@ class Job(Base):
             "created_at",
             "id",
             postgresql_where=sa.text("endpoint IS NOT NULL"),
+        ),
+        # Finished batches whose output files are still to be made (thinkbatch/batches.py).
+        sa.Index(
+            "ix_jobs_batches_unfiled",
+            "finished_at",
+            postgresql_where=sa.text(
+                "endpoint IS NOT NULL AND output_file_id IS NULL AND batch_errors IS NULL "
+                "AND status IN ('completed', 'failed', 'cancelled', 'expired')"
+            ),
         ),
     )
 
@@ -258,6 +268,12 @@ class Worker(Base):
     hostname: orm.Mapped[str] = orm.mapped_column(sa.String(256))
     pid: orm.Mapped[int]
     model: orm.Mapped[str] = orm.mapped_column(sa.String(256))
+    # What the API needs to refuse, at submit, an item that cannot fit the model (api: the
+    # context check): the engine's context, the most bytes one token of its tokenizer covers,
+    # and the fewest tokens its chat template adds per message. NULL: not known.
+    max_model_len: orm.Mapped[int | None]
+    token_bytes_max: orm.Mapped[int | None]
+    message_tokens_min: orm.Mapped[int | None]
     started_at: orm.Mapped[datetime] = orm.mapped_column(server_default=sa.func.now())
     heartbeat_at: orm.Mapped[datetime] = orm.mapped_column(server_default=sa.func.now())
     stopped_at: orm.Mapped[datetime | None]

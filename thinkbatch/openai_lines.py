@@ -26,6 +26,9 @@ from pydantic import ConfigDict
 from pydantic import Field
 from pydantic import ValidationError
 
+from thinkbatch.ingest import BodyError
+from thinkbatch.ingest import Limits
+from thinkbatch.ingest import read_object
 from thinkbatch.schemas import ItemIn
 from thinkbatch.schemas import Message
 from thinkbatch.schemas import SamplingParamsIn
@@ -136,37 +139,6 @@ def _from_validation(
     return LineError(f"{param}: {message}", param, "invalid_value")
 
 
-def _check_strings(value: Any, depth: int, max_depth: int) -> None:
-    """PostgreSQL text and jsonb hold no NUL and no lone surrogate; refuse them per line."""
-    if depth > max_depth:
-        raise LineError(f"line nests deeper than {max_depth} levels", None, "invalid_json")
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise LineError("a string contains NUL (\\u0000)", None, "invalid_json")
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise LineError(
-                "a string holds a lone surrogate escape", None, "invalid_json"
-            ) from None
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _check_strings(key, depth + 1, max_depth)
-            _check_strings(item, depth + 1, max_depth)
-    elif isinstance(value, list):
-        for item in value:
-            _check_strings(item, depth + 1, max_depth)
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise LineError(f"duplicate key {key!r}", None, "invalid_json")
-        out[key] = value
-    return out
-
-
 @dataclass(frozen=True, slots=True)
 class ParsedLine:
     custom_id: str
@@ -175,22 +147,15 @@ class ParsedLine:
     max_tokens_param: str  # which body field set max_tokens, for messages about it
 
 
-def parse_line(raw: bytes, endpoint: str, *, max_depth: int) -> ParsedLine:
-    """One input line as an item, or LineError naming the field."""
+def parse_line(raw: bytes, endpoint: str, limits: Limits) -> ParsedLine:
+    """One input line as an item, or LineError naming the field. The line is read under the
+    same guards as a job body (thinkbatch/ingest.py): strict UTF-8, no NUL or lone surrogate,
+    no duplicate key, bounded depth, numbers in range, and the item limits over the line."""
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise LineError(f"not UTF-8 (byte {error.start})", None, "invalid_json") from None
-    try:
-        data = json.loads(text, object_pairs_hook=_no_duplicates)
-    except json.JSONDecodeError as error:
-        message = f"invalid JSON: {error.msg} (column {error.colno})"
-        raise LineError(message, None, "invalid_json") from None
-    except RecursionError:
-        raise LineError("line nests too deeply", None, "invalid_json") from None
-    if not isinstance(data, dict):
-        raise LineError("a line must be a JSON object", None, "invalid_json")
-    _check_strings(data, 0, max_depth)
+        data = read_object(raw, limits)
+    except BodyError as error:
+        message = error.message.replace("request body", "the line", 1)
+        raise LineError(message, error.param, error.code) from None
     try:
         line = _Line.model_validate(data)
     except ValidationError as error:

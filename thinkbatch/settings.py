@@ -199,6 +199,24 @@ class Settings(BaseSettings):
         description="Most characters in one item's prompt, or its messages' contents together "
         "(400 above).",
     )
+    max_messages_per_item: int = Field(
+        1024,
+        ge=1,
+        description="Most messages in one item (or one line of a batch file); 400 above.",
+    )
+    max_item_chars: int = Field(
+        2_000_000,
+        ge=1,
+        description="Most characters in all the strings of one item (or one line of a batch "
+        "file), keys included: its prompt or messages and everything else (400 above). "
+        "Counted while the body is read, so an item never costs more memory than this allows.",
+    )
+    max_item_values: int = Field(
+        100_000,
+        ge=1,
+        description="Most JSON values (objects, arrays, strings, numbers, ...) in one item or "
+        "line (400 above): a bound on the memory one item takes, however it is written.",
+    )
     max_tokens_cap: int = Field(32768, ge=1, description="Largest `max_tokens` a job may ask for.")
     default_max_tokens: int = Field(4096, ge=1, description="`max_tokens` when a job gives none.")
     max_attempts: int = Field(3, ge=1, description="Engine attempts per item before it fails.")
@@ -235,25 +253,39 @@ class Settings(BaseSettings):
     api_threads: int = Field(
         16,
         ge=1,
-        description="Threads per API process: requests it serves at once. A client still "
-        "sending its body holds one thread, and nothing else.",
+        description="Threads per API process that serve requests. A request reaches a thread "
+        "only once its body has arrived in full (received by the event loop before), so a "
+        "client still sending holds none.",
+    )
+    api_max_connections: int = Field(
+        1000,
+        ge=1,
+        description="Open connections per API process (gunicorn's worker_connections): idle, "
+        "sending a body or being served.",
     )
     request_read_timeout_s: float = Field(
         30,
         gt=0,
-        description="Longest the API waits for the next bytes of a request body (408 after).",
+        description="Longest a request body may go without any bytes arriving (408 after).",
     )
     request_min_bytes_per_s: int = Field(
         4096,
         ge=1,
-        description="After REQUEST_READ_TIMEOUT_S, a request body must arrive at least this fast "
-        "on average (408 otherwise), so a trickling client cannot hold a thread for long.",
+        description="After REQUEST_READ_TIMEOUT_S, a request body (Content-Length or chunked) "
+        "must have arrived at this rate on average (408 otherwise): the time a client may take "
+        "grows only with the bytes it has sent, never with the size it declares.",
+    )
+    max_uploads_per_client: int = Field(
+        8,
+        ge=1,
+        description="Request bodies one client address may be sending to one API process at "
+        "once (429 beyond). Behind a proxy every client has the proxy's address: raise it there.",
     )
     spool_memory_bytes: int = Field(
         1024 * 1024,
         ge=0,
-        description="A request body is read in full before it is stored: in memory up to this "
-        "size, in a temporary file beyond.",
+        description="A request body is received in full before it is served: in memory up to "
+        "this size, in a temporary file beyond.",
     )
 
     # --- security and quotas ---------------------------------------------------------------
@@ -412,6 +444,8 @@ class Settings(BaseSettings):
             raise ValueError("TASK_SLICE_S + ITEM_DEADLINE_S must be < VISIBILITY_TIMEOUT_S")
         if self.heartbeat_s * 2 > self.worker_dead_after_s:
             raise ValueError("WORKER_DEAD_AFTER_S must be at least twice HEARTBEAT_S")
+        if self.max_prompt_chars > self.max_item_chars:
+            raise ValueError("MAX_PROMPT_CHARS must not exceed MAX_ITEM_CHARS")
         if self.default_max_tokens > self.max_tokens_cap:
             raise ValueError("DEFAULT_MAX_TOKENS must not exceed MAX_TOKENS_CAP")
         if self.inflight_max_factor < self.inflight_factor:
@@ -425,6 +459,13 @@ class Settings(BaseSettings):
     def model_name(self) -> str:
         """The name jobs refer to the served model by."""
         return self.served_model_name or self.model
+
+    @property
+    def max_line_bytes(self) -> int:
+        """The longest batch-file line that could hold an item within the item limits: six
+        bytes per character (a JSON escape) and 64 per other value. Longer lines are refused
+        unread, so a file without line breaks costs no more memory than one item."""
+        return 6 * self.max_item_chars + 64 * self.max_item_values
 
     @property
     def inflight_window(self) -> int:

@@ -4,7 +4,8 @@ Redis may lose messages and workers may die; Postgres still knows everything. Ea
 1. marks workers whose heartbeat stopped as dead;
 2. releases the items of dead workers (as crash suspects) and items whose lease lapsed;
 3. expires jobs past their completion window;
-4. finalizes jobs whose items are all terminal;
+4. finalizes jobs whose items are all terminal, and makes the output files of finished
+   batches that have none yet (their finisher makes them at once; this catches the rest);
 5. re-enqueues live jobs with pending items and no sign of life (a lost or never-sent hint).
 Each step runs in its own short transaction, so a pass never holds locks for long.
 """
@@ -19,6 +20,7 @@ from dataclasses import field
 
 import sqlalchemy as sa
 
+from thinkbatch import batches
 from thinkbatch import ledger
 from thinkbatch.settings import Settings
 
@@ -40,6 +42,7 @@ class SweepReport:
     finalized: int = 0
     republished: list[uuid.UUID] = field(default_factory=list)
     files_expired: int = 0
+    batch_files: int = 0
 
 
 def sweep(
@@ -118,6 +121,7 @@ def _sweep(
 
     with engine.begin() as conn:
         report.finalized = ledger.finalize_jobs(conn)
+    report.batch_files = batches.make_due_files(engine)
 
     # Files past their expires_at: their bytes go (the row stays, marked deleted, as a DELETE
     # leaves it), a bounded number per pass so that one sweep never runs long.

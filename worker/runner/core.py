@@ -73,8 +73,17 @@ class Runner:
             lookahead_s=settings.inflight_lookahead_s,
         )
         self.suspects = Suspects()
+        # A job finished (by a store): wakes the housekeeper to make a batch's output files.
+        self._finished = threading.Event()
         self.writer = Writer(
-            settings, db, self.owner, engine, self.inflight, self.suspects, self._dead
+            settings,
+            db,
+            self.owner,
+            engine,
+            self.inflight,
+            self.suspects,
+            self._dead,
+            finished=self._finished,
         )
         self.engine_loop = EngineLoop(
             engine,
@@ -104,6 +113,7 @@ class Runner:
             publish_here=publish_here,
             stopping=self.stopping,
             dead=self._dead,
+            finished=self._finished,
         )
         self._threads: list[threading.Thread] = []
 
@@ -333,6 +343,7 @@ class Runner:
         if self._dead.is_set():
             return
         self._dead.set()
+        self._finished.set()  # wakes the housekeeper, which then sees it is dead
         self.stopping.set()
         log.critical("the engine died (%s); releasing items and exiting for a restart", error)
         threading.Thread(target=self._exit_after_crash, name="crash-exit", daemon=True).start()

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import sqlalchemy as sa
 
+from thinkbatch import batches
 from thinkbatch import ledger
 from thinkbatch.settings import Settings
 from thinkbatch.sweeper import sweep
@@ -54,6 +55,7 @@ class Housekeeper:
         publish_here: Callable[[uuid.UUID], bool] | None,
         stopping: threading.Event,
         dead: threading.Event,
+        finished: threading.Event | None = None,
     ) -> None:
         self.settings = settings
         self.db = db
@@ -64,6 +66,7 @@ class Housekeeper:
         self.publish_here = publish_here  # a hint on this worker's own queue
         self.stopping = stopping
         self.dead = dead
+        self.finished = finished or threading.Event()
         self._adopted: dict[uuid.UUID, float] = {}  # job -> when we sent ourselves a hint
 
     def run(self) -> None:
@@ -88,7 +91,20 @@ class Housekeeper:
             except Exception as error:  # noqa: BLE001 - Postgres may be restarting
                 log.warning("housekeeping failed: %s", error)
             # Keep beating while shutting down: our leases stand until we release them.
-            self.dead.wait(self.settings.heartbeat_s)
+            self.wait_for_beat(time.monotonic() + self.settings.heartbeat_s)
+
+    def wait_for_beat(self, until: float) -> None:
+        """Wait until the next heartbeat is due, making the output files of batches that a
+        store of this worker finished meanwhile at once: a finished batch is shown
+        `finalizing` until they exist (thinkbatch/batches.py)."""
+        while not self.dead.is_set() and (left := until - time.monotonic()) > 0:
+            if not self.finished.wait(left) or self.dead.is_set():
+                continue
+            self.finished.clear()
+            try:
+                batches.make_due_files(self.db)
+            except Exception as error:  # noqa: BLE001 - the sweeper makes them later
+                log.warning("could not make the output files of finished batches: %s", error)
 
     def idle(self) -> bool:
         """Half the window free and no job of ours with items left to claim."""

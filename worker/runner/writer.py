@@ -141,6 +141,7 @@ class Writer:
         inflight: InFlight,
         suspects: Suspects,
         dead: threading.Event,
+        finished: threading.Event | None = None,
     ) -> None:
         self.settings = settings
         self.db = db
@@ -149,6 +150,8 @@ class Writer:
         self.inflight = inflight
         self.suspects = suspects
         self.dead = dead
+        # Set when a store finished a job: the housekeeper then makes a batch's output files.
+        self.finished = finished or threading.Event()
         self._outcomes: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()
         self._stored_at = 0.0  # when the last batch was stored (monotonic)
 
@@ -219,10 +222,12 @@ class Writer:
                         message=f"the job was {status.value} while this item ran",
                     )
                 ledger.release(conn, self.owner, writes.released)
-                ledger.finalize_jobs(conn, {o.claimed.job_id for o in batch})
+                stored["finished"] = ledger.finalize_jobs(conn, {o.claimed.job_id for o in batch})
 
         try:
             retry_transient(write, should_stop=self.dead.is_set)
+            if stored.get("finished"):
+                self.finished.set()
             metrics.stored(
                 writes.done, writes.failed, stored.get("done", set()), stored.get("failed", {})
             )

@@ -1,0 +1,26 @@
+"""gunicorn entry point: `gunicorn -c api/gunicorn.conf.py api.asgi:app`.
+
+The server is gunicorn's asyncio worker: request bodies are received by its event loop
+(api.intake), and only complete requests reach the Flask app, which a2wsgi runs on a pool of
+API_THREADS threads. a2wsgi (a small, maintained WSGI-to-ASGI bridge) streams responses back
+with backpressure; asgiref's bridge would run every request on one thread.
+"""
+
+from typing import Any
+from typing import cast
+
+from a2wsgi import WSGIMiddleware
+
+from api import create_app
+from api.intake import Intake
+from thinkbatch import logging_setup
+from thinkbatch.settings import Settings
+
+_settings = Settings()
+# Each gunicorn worker logs JSON lines (LOG_FORMAT) through the root logger; gunicorn's own
+# loggers are set up the same way in api/gunicorn.conf.py.
+logging_setup.configure(_settings, "api")
+# The casts bridge two spellings of the same callables: a2wsgi's own WSGI and ASGI types, and
+# Flask's and ours (api.intake), which are looser.
+_flask: Any = create_app(_settings)
+app = Intake(cast(Any, WSGIMiddleware(_flask, workers=_settings.api_threads)), _settings)
