@@ -20,10 +20,12 @@ import sqlalchemy as sa
 from pydantic import TypeAdapter
 from sqlalchemy import orm
 
+from thinkbatch import context
 from thinkbatch import ingest
 from thinkbatch import quotas
 from thinkbatch.budgets import BudgetCheck
 from thinkbatch.budgets import BudgetConflict
+from thinkbatch.context import ContextBound
 from thinkbatch.jobs import InvalidRequest
 from thinkbatch.keys import Caller
 from thinkbatch.limits import range_text
@@ -67,9 +69,10 @@ def _check_header(header: JobHeader, settings: Settings) -> None:
 class ItemRows:
     """Checks that span items (custom_id uniqueness, the item limit) and their COPY rows."""
 
-    def __init__(self, job_id: uuid.UUID, settings: Settings):
+    def __init__(self, job_id: uuid.UUID, settings: Settings, context: ContextBound | None = None):
         self.job_id = job_id
         self.settings = settings
+        self.context = context  # None: no live worker told the model's bound
         self.ids: dict[str, int] = {}  # custom_id -> index; generated ones are negative
         self.count = 0
         self.budgets = BudgetCheck(settings.default_max_tokens)
@@ -151,6 +154,8 @@ class ItemRows:
                 param=param,
                 code="prompt_too_large",
             )
+        if self.context is not None and (why := self.context.refusal(item)) is not None:
+            raise InvalidRequest(f"{param}: {why}", param=param, code="prompt_too_long")
 
 
 _MESSAGES = TypeAdapter(list[Message])
@@ -163,6 +168,13 @@ def copy_items(session: orm.Session, rows: Iterator[tuple[object, ...]]) -> None
     with driver.cursor() as cursor, cursor.copy(_COPY_ITEMS) as copy:
         for row in rows:
             copy.write_row(row)
+
+
+def model_context(session: orm.Session, settings: Settings) -> ContextBound | None:
+    """The served model's context bound, from its live workers (thinkbatch/context.py)."""
+    return context.for_model(
+        session, settings.model_name, dead_after_s=settings.worker_dead_after_s
+    )
 
 
 def new_job(session: orm.Session, caller: Caller, settings: Settings) -> Job:
@@ -213,7 +225,7 @@ def create_job(session: orm.Session, caller: Caller, spec: JobCreate, settings: 
     items in memory and would only re-serialize it to feed the stream parser."""
     _check_header(spec, settings)
     job = new_job(session, caller, settings)
-    items = ItemRows(job.id, settings)
+    items = ItemRows(job.id, settings, model_context(session, settings))
     copy_items(session, (items.row(i, item) for i, item in enumerate(spec.items)))
     items.finish(spec)
     apply_header(session, job, spec, settings)
@@ -226,7 +238,7 @@ def create_job_from_stream(
     """Store a job read from a JSON request body, validating as it streams (see ingest)."""
     try:
         job = new_job(session, caller, settings)
-        items = ItemRows(job.id, settings)
+        items = ItemRows(job.id, settings, model_context(session, settings))
         fields: dict[str, object] = {}
         saw_items = False
 

@@ -8,6 +8,7 @@ deterministic pure-Python engine for fast tests and fault injection. Both batch 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
@@ -48,6 +49,45 @@ class Generation:
     text: str
     finish_reason: str
     prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """What bounds an item's prompt tokens from below, recorded with the worker so that the API
+    refuses at submit an item that cannot fit (thinkbatch/context.py): the context, the most
+    bytes of text one token stands for, and the fewest tokens the chat template adds for one
+    message (0 when that cannot be measured)."""
+
+    max_model_len: int
+    token_bytes_max: int
+    message_tokens_min: int
+
+
+def widest_token_bytes(decode_batch: Callable[[list[list[int]]], list[str]], size: int) -> int:
+    """The most bytes of text any one token id stands for, each id decoded on its own. A
+    partial UTF-8 sequence decodes to replacement characters, never to fewer bytes than it
+    stands for, so this is an upper bound."""
+    widest = 1
+    step = 4096
+    for start in range(0, size, step):
+        texts = decode_batch([[i] for i in range(start, min(size, start + step))])
+        widest = max(widest, *(len(text.encode("utf-8", "replace")) for text in texts))
+    return widest
+
+
+def message_tokens_min(count: Callable[[list[dict[str, str]]], int]) -> int:
+    """The fewest tokens one more message adds to a rendered conversation, by role, measured
+    with empty contents: `count` renders and tokenizes messages. 0 if any rendering fails (a
+    template may refuse a shape), which leaves the bound sound, only weaker."""
+    fewest: int | None = None
+    try:
+        for role in ("system", "user", "assistant"):
+            one = count([{"role": role, "content": ""}])
+            two = count([{"role": role, "content": ""}] * 2)
+            fewest = two - one if fewest is None else min(fewest, two - one)
+    except Exception:  # noqa: BLE001 - any template error: no bound from the template
+        return 0
+    return max(0, fewest or 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +183,9 @@ class Engine(Protocol):
 
     def scheduler_load(self) -> SchedulerLoad | None:
         """The scheduler's load at its last step (None before the first step)."""
+
+    def shape(self) -> ModelShape:
+        """The served model's context and the bounds of its tokenizer (after start)."""
 
     async def shutdown(self) -> None:
         """Stop the engine and its processes."""

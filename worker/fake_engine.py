@@ -33,9 +33,11 @@ from thinkbatch.thinking import prompt_opens_thinking
 from worker.engine import EngineDead
 from worker.engine import Generation
 from worker.engine import ItemRejected
+from worker.engine import ModelShape
 from worker.engine import Prepared
 from worker.engine import SchedulerLoad
 from worker.engine import ThinkTokens
+from worker.engine import message_tokens_min
 
 SPECIAL = {"<|im_start|>": 1, "<|im_end|>": 2, "<think>": 3, "</think>": 4, "<|endoftext|>": 5}
 _NAMES = {v: k for k, v in SPECIAL.items()}
@@ -103,6 +105,16 @@ class FakeEngine:
 
     async def start(self) -> None:
         self._loop_task = asyncio.get_running_loop().create_task(self._steps())
+
+    def shape(self) -> ModelShape:
+        # A byte a token, but for the special tokens, each one id for its whole name.
+        return ModelShape(
+            max_model_len=self.max_model_len,
+            token_bytes_max=max(1, *(len(name.encode()) for name in SPECIAL)),
+            message_tokens_min=message_tokens_min(
+                lambda messages: len(encode(render_chat(messages, True)))
+            ),
+        )
 
     def prepare(
         self, items: Sequence[Claimed], sampling: Sequence[Sampling]

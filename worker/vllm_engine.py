@@ -39,10 +39,13 @@ from worker.affinity import keep_off_compute_cores
 from worker.engine import EngineDead
 from worker.engine import Generation
 from worker.engine import ItemRejected
+from worker.engine import ModelShape
 from worker.engine import Prepared
 from worker.engine import SchedulerLoad
 from worker.engine import SpeculativeStats
 from worker.engine import ThinkTokens
+from worker.engine import message_tokens_min
+from worker.engine import widest_token_bytes
 
 log = logging.getLogger(__name__)
 
@@ -312,6 +315,30 @@ class VLLMEngine:
 
     def scheduler_load(self) -> SchedulerLoad | None:
         return self._load
+
+    def shape(self) -> ModelShape:
+        """The context the engine settled on, and the tokenizer's bounds (worker.engine)."""
+        assert self.tokenizer is not None
+        size = max(self.tokenizer.get_vocab().values()) + 1
+        backend = self._backend
+        if hasattr(backend, "decode_batch"):
+
+            def decode(ids: list[list[int]]) -> list[str]:
+                return list(backend.decode_batch(ids, skip_special_tokens=False))
+        else:
+
+            def decode(ids: list[list[int]]) -> list[str]:
+                return [self.tokenizer.decode(i, skip_special_tokens=False) for i in ids]
+
+        def count(messages: list[dict[str, str]]) -> int:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False)
+            return len(encode_ids(self.tokenizer, [text], False)[0])
+
+        return ModelShape(
+            max_model_len=self.max_model_len,
+            token_bytes_max=widest_token_bytes(decode, size),
+            message_tokens_min=message_tokens_min(count),
+        )
 
     def speculative_stats(self) -> SpeculativeStats | None:
         """Speculative decoding figures of this worker's engine since it started (None when

@@ -10,11 +10,30 @@ import sqlalchemy as sa
 
 
 def register_worker(
-    conn: sa.Connection, worker_id: str, *, hostname: str, pid: int, model: str
+    conn: sa.Connection,
+    worker_id: str,
+    *,
+    hostname: str,
+    pid: int,
+    model: str,
+    max_model_len: int | None = None,
+    token_bytes_max: int | None = None,
+    message_tokens_min: int | None = None,
 ) -> None:
     conn.execute(
-        sa.text("INSERT INTO workers (id, hostname, pid, model) VALUES (:id, :host, :pid, :model)"),
-        {"id": worker_id, "host": hostname, "pid": pid, "model": model},
+        sa.text(
+            "INSERT INTO workers (id, hostname, pid, model, max_model_len, token_bytes_max, "
+            "message_tokens_min) VALUES (:id, :host, :pid, :model, :len, :bytes, :per_message)"
+        ),
+        {
+            "id": worker_id,
+            "host": hostname,
+            "pid": pid,
+            "model": model,
+            "len": max_model_len,
+            "bytes": token_bytes_max,
+            "per_message": message_tokens_min,
+        },
     )
 
 

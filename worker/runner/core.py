@@ -33,6 +33,7 @@ from thinkbatch.db import retry_transient
 from thinkbatch.models import JobStatus
 from thinkbatch.settings import Settings
 from worker.engine import Engine
+from worker.engine import ModelShape
 from worker.runner.claimer import Claimer
 from worker.runner.engine_loop import EngineLoop
 from worker.runner.housekeeping import Housekeeper
@@ -194,6 +195,12 @@ class Runner:
             log.warning("could not mark worker %s stopped", self.owner)
 
     def _register_worker(self) -> None:
+        try:
+            shape: ModelShape | None = self.engine.shape()
+        except Exception:  # the API then checks no bound for this model
+            log.exception("could not measure the model's shape")
+            shape = None
+
         def register() -> None:
             with self.db.begin() as conn:
                 ledger.register_worker(
@@ -202,6 +209,9 @@ class Runner:
                     hostname=socket.gethostname(),
                     pid=os.getpid(),
                     model=self.settings.model_name,
+                    max_model_len=shape.max_model_len if shape else None,
+                    token_bytes_max=shape.token_bytes_max if shape else None,
+                    message_tokens_min=shape.message_tokens_min if shape else None,
                 )
 
         retry_transient(register, attempts=30)
