@@ -21,6 +21,7 @@ import psutil
 import sqlalchemy as sa
 
 from devstack import local_stack
+from thinkbatch import batches as batch_files
 from thinkbatch.keys import issue_key
 
 
@@ -95,6 +96,36 @@ def fill_results(database_url: str, job_id: str) -> None:
     engine.dispose()
 
 
+def batches_listing(client: httpx.Client, database_url: str, batches: int, lines: int) -> float:
+    """Median ms of listing `batches` finished batches of `lines` lines each in one page: a
+    listing renders nothing (output files are made when a batch finishes), so its time does
+    not grow with the batches' sizes."""
+    data = b"".join(
+        json.dumps(
+            {"custom_id": f"l{n}", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"model": "thinkbatch-demo",
+                      "messages": [{"role": "user", "content": f"Question {n}"}]}}
+        ).encode() + b"\n"
+        for n in range(lines)
+    )  # fmt: skip
+    upload = client.post("/v1/files", files={"file": ("in.jsonl", data)}, data={"purpose": "batch"})
+    file_id = upload.raise_for_status().json()["id"]
+    for _ in range(batches):
+        made = client.post(
+            "/v1/batches",
+            json={"input_file_id": file_id, "endpoint": "/v1/chat/completions",
+                  "completion_window": "24h"},
+        ).raise_for_status().json()  # fmt: skip
+        fill_results(database_url, made["id"].removeprefix("batch_"))
+    engine = sa.create_engine(database_url)
+    made_files = batch_files.make_due_files(engine, limit=batches)
+    engine.dispose()
+    assert made_files == batches
+    return timed(
+        lambda: client.get("/v1/batches", params={"limit": batches}).raise_for_status(), 10
+    )
+
+
 def timed(fn: Any, repeat: int) -> float:
     samples = []
     for _ in range(repeat):
@@ -107,9 +138,15 @@ def timed(fn: Any, repeat: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--items", type=int, default=100_000)
+    parser.add_argument("--batches", type=int, default=100)
+    parser.add_argument("--batch-lines", type=int, default=1_000)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="thinkbatch-scale-"))
-    env = {"THINKBATCH_MAX_ITEMS_PER_JOB": str(max(args.items, 100_000))}
+    env = {
+        "THINKBATCH_MAX_ITEMS_PER_JOB": str(max(args.items, 100_000)),
+        "THINKBATCH_TENANT_JOBS_PER_MINUTE": "1000",
+        "THINKBATCH_MODEL": "thinkbatch-demo",
+    }
     with local_stack(tmp, env=env, database="scale", engine=False, demo_model=False) as local:
         stack, database_url = local.stack, local.database_url
         api = stack.start_api(workers=2)
@@ -154,6 +191,7 @@ def main() -> int:
                 lines += 1
                 size += len(line) + 1
         stream_s = time.perf_counter() - started
+        listing_ms = batches_listing(client, database_url, args.batches, args.batch_lines)
     print(f"scale: one job of {args.items} items ({len(payload) / 1e6:.1f} MB request)")
     print(f"submit: {submit_s:.2f} s ({args.items / submit_s:,.0f} items/s accepted)")
     print(
@@ -165,6 +203,10 @@ def main() -> int:
     print(
         f"results stream: {lines:,} lines, {size / 1e6:.0f} MB in {stream_s:.2f} s "
         f"({lines / stream_s:,.0f} items/s, {size / 1e6 / stream_s:.0f} MB/s)"
+    )
+    print(
+        f"batches list: {args.batches} finished batches of {args.batch_lines:,} lines in one "
+        f"page: {listing_ms:.1f} ms median (target: at most 100 ms)"
     )
     return 0
 
