@@ -2,53 +2,42 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import sqlalchemy as sa
-from celery import Celery
 from flask import Flask
-from flask import current_app
-from sqlalchemy import orm
 
+from api import access_log
+from api import auth
+from api import body
+from api import dashboard
+from api import errors
+from api import health
+from api import jobs
+from api import metrics
+from api import openai_batches
+from api import openai_files
+from api import openapi
+from api import params
+from api.services import Services
 from thinkbatch.db import make_engine
-from thinkbatch.db import make_sessionmaker
+from thinkbatch.jobs import JobService
 from thinkbatch.queue import make_celery
 from thinkbatch.settings import Settings
 
 
-@dataclass(frozen=True)
-class Services:
-    settings: Settings
-    engine: sa.Engine
-    sessions: orm.sessionmaker[orm.Session]
-    celery: Celery
-
-
-def create_app(settings: Settings | None = None) -> Flask:
-    settings = settings or Settings()
+def create_app(settings: Settings) -> Flask:
+    """The app over the settings its process built once (api/asgi.py; tests pass their own)."""
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
     app.json.sort_keys = False  # type: ignore[attr-defined]  # keep the documented field order
     engine = make_engine(settings)
+    celery = make_celery(settings)
+    front_door = JobService(settings, engine, celery)
     app.extensions["thinkbatch"] = Services(
         settings=settings,
         engine=engine,
-        sessions=make_sessionmaker(engine),
-        celery=make_celery(settings),
+        sessions=front_door.sessions,
+        celery=celery,
+        jobs=front_door,
     )
-
-    from api import access_log
-    from api import auth
-    from api import body
-    from api import dashboard
-    from api import errors
-    from api import health
-    from api import jobs
-    from api import metrics
-    from api import openai_batches
-    from api import openai_files
-    from api import openapi
-    from api import params
 
     errors.init_app(app)
     # Before auth: a refused request is timed, counted and logged like any other.
@@ -64,8 +53,3 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(openai_files.bp)
     app.register_blueprint(openai_batches.bp)
     return app
-
-
-def services() -> Services:
-    services: Services = current_app.extensions["thinkbatch"]
-    return services

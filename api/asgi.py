@@ -14,9 +14,9 @@ from a2wsgi import WSGIMiddleware
 from api import create_app
 from api.intake import Intake
 from thinkbatch import logging_setup
-from thinkbatch.settings import Settings
+from thinkbatch.settings import get_settings
 
-_settings = Settings()
+_settings = get_settings()
 # Each gunicorn worker logs JSON lines (LOG_FORMAT) through the root logger; gunicorn's own
 # loggers are set up the same way in api/gunicorn.conf.py.
 logging_setup.configure(_settings, "api")

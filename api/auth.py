@@ -134,7 +134,7 @@ def _bearer() -> str:
 
 
 def init_app(app: Flask) -> None:
-    from api import services
+    from api.services import services
 
     @app.before_request
     def authenticate() -> None:

@@ -8,6 +8,7 @@ body copied into a spool here, bounded by MAX_REQUEST_BYTES.
 
 from __future__ import annotations
 
+import re
 import tempfile
 from typing import IO
 from typing import cast
@@ -21,11 +22,40 @@ from werkzeug.exceptions import UnsupportedMediaType
 from api.intake import BODY
 from api.intake import REFUSAL
 from api.intake import Refusal
+from api.openapi import Query
+from thinkbatch.errors import InputError
 from thinkbatch.settings import Settings
 
 CHUNK = 64 * 1024
 JSON = "application/json"
 _UTF8 = ("utf-8", "utf8")
+_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+IDEMPOTENCY = Query(
+    "Idempotency-Key",
+    {"type": "string", "pattern": "^[\\x21-\\x7e]{1,255}$"},
+    "Repeating a submission with the same key answers what the first one made (the same "
+    "request) or a 400 (another request); a client that retries after a timeout never makes "
+    "a second one.",
+)
+REPLAYED = "Idempotent-Replayed"
+
+
+def idempotency_key() -> str | None:
+    """The request's Idempotency-Key: one value of 1 to 255 printable ASCII characters."""
+    values = request.headers.getlist("Idempotency-Key")
+    if not values:
+        return None
+    if len(values) > 1 or not _KEY.fullmatch(values[0]):
+        raise InputError(
+            "Idempotency-Key: one value of 1 to 255 printable ASCII characters",
+            param="Idempotency-Key",
+        )
+    return values[0]
+
+
+def replayed_header(replayed: bool) -> dict[str, str]:
+    """Says whether the answer is what an earlier request with the same key made."""
+    return {REPLAYED: "true" if replayed else "false"}
 
 
 def require_json(*, body_required: bool = True) -> None:

@@ -17,7 +17,6 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-import sqlalchemy as sa
 from flask import Blueprint
 from flask import Flask
 from flask import Response
@@ -31,18 +30,18 @@ from werkzeug.exceptions import Forbidden
 # flask's redirect() is typed as werkzeug's Response, of which flask's is a subclass.
 from werkzeug.wrappers import Response as BaseResponse
 
-from api import services
 from api.auth import KEY_COOKIE
 from api.auth import MAX_KEY_CHARS
 from api.auth import LoginRequired
 from api.auth import browser
 from api.auth import caller
 from api.auth import public
-from thinkbatch import jobs as service
-from thinkbatch.jobs import NotFound
+from api.services import services
+from thinkbatch.errors import NotFound
+from thinkbatch.jobs import JobOut
+from thinkbatch.jobs import job_out
+from thinkbatch.jobs import parse_job_id
 from thinkbatch.keys import verify_key
-from thinkbatch.models import Item
-from thinkbatch.schemas import JobOut
 
 bp = Blueprint("dashboard", __name__, template_folder="templates")
 
@@ -98,8 +97,7 @@ def _page(template: str, refresh: bool = False, status: int = 200, **context: An
 @browser
 def index() -> Response:
     svc = services()
-    with svc.sessions() as session:
-        page = service.list_jobs(session, caller(), after=None, limit=JOBS_SHOWN)
+    page = svc.jobs.page(caller(), after=None, limit=JOBS_SHOWN)
     rows = [_row(job) for job in page.data]
     return _page(
         "dashboard/index.html",
@@ -113,12 +111,9 @@ def index() -> Response:
 @browser
 def job_page(job_id: str) -> Response:
     svc = services()
-    key = service.parse_job_id(job_id)
-    with svc.sessions() as session:
-        job = service.job_out(service.get_job(session, caller(), key))
-        items = service.items_page(
-            session, caller(), key, status=None, after=None, limit=ITEMS_SHOWN
-        )
+    key = parse_job_id(job_id)
+    job = job_out(svc.jobs.get(caller(), key))
+    items = svc.jobs.items(caller(), key, limit=ITEMS_SHOWN)
     row = _row(job)
     return _page(
         "dashboard/job.html", refresh=row["running"], row=row, items=items, shown=ITEMS_SHOWN
@@ -129,19 +124,9 @@ def job_page(job_id: str) -> Response:
 @browser
 def timeline(job_id: str) -> Response:
     svc = services()
-    key = service.parse_job_id(job_id)
-    with svc.sessions() as session:
-        job = service.job_out(service.get_job(session, caller(), key))  # scopes by tenant
-        # The query already drops NULLs; the filter tells the type checker so.
-        times = [
-            t
-            for t in session.scalars(
-                sa.select(Item.finished_at)
-                .where(Item.job_id == key, Item.finished_at.is_not(None))
-                .order_by(Item.finished_at)
-            )
-            if t is not None
-        ]
+    key = parse_job_id(job_id)
+    job = job_out(svc.jobs.get(caller(), key))  # scopes by tenant
+    times = svc.jobs.finished_times(caller(), key)
     row = _row(job)
     return _page("dashboard/timeline.html", refresh=row["running"], row=row, plot=plot(job, times))
 
@@ -234,7 +219,7 @@ def svc_limiter() -> Any:
 def not_found(error: NotFound) -> Response:
     """A page, not the JSON API's envelope: the dashboard is read in a browser. Another
     tenant's job is "no such job" too, as in the API."""
-    raw = str(error.args[0]) if error.args else ""
+    raw = error.ident
     shown = raw if len(raw) <= 64 else raw[:64] + "..."  # a path can be kilobytes long
     return _page("dashboard/not_found.html", status=404, shown=shown)
 

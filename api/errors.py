@@ -26,11 +26,11 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from api.auth import TooManyFailures
 from api.auth import Unauthorized
 from thinkbatch.db import is_transient
-from thinkbatch.jobs import Conflict
-from thinkbatch.jobs import InvalidRequest
-from thinkbatch.jobs import NotFound
-from thinkbatch.quotas import QuotaExceeded
-from thinkbatch.schemas import ApiError
+from thinkbatch.errors import ApiError
+from thinkbatch.errors import Conflict
+from thinkbatch.errors import InputError
+from thinkbatch.errors import NotFound
+from thinkbatch.jobs.quotas import QuotaExceeded
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +95,11 @@ def init_app(app: Flask) -> None:
             f"request body: larger than the limit of {limit} bytes (MAX_REQUEST_BYTES)",
         )
 
-    @app.errorhandler(InvalidRequest)
-    def invalid(error: InvalidRequest) -> tuple[Response, int]:
-        return error_response(400, "invalid_request_error", error.code, error.message, error.param)
+    @app.errorhandler(InputError)
+    def invalid(error: InputError) -> tuple[Response, int]:
+        return error_response(
+            error.status, "invalid_request_error", error.code, error.message, error.param
+        )
 
     @app.errorhandler(Unauthorized)
     def unauthorized(error: Unauthorized) -> tuple[Response, int]:
@@ -122,9 +124,11 @@ def init_app(app: Flask) -> None:
     @app.errorhandler(NotFound)
     def not_found(error: NotFound) -> tuple[Response, int]:
         # The id is echoed so a typo shows, but cut: a path can be kilobytes long.
-        raw = str(error.args[0])
+        raw = error.ident
         shown = raw if len(raw) <= 64 else raw[:64] + "..."
-        return error_response(404, "not_found", "job_not_found", f"no job {shown!r}")
+        return error_response(
+            404, "not_found", error.code, f"no {error.kind} {shown!r}", error.param
+        )
 
     @app.errorhandler(Conflict)
     def conflict(error: Conflict) -> tuple[Response, int]:

@@ -21,7 +21,7 @@ from werkzeug.sansio.multipart import File
 from werkzeug.sansio.multipart import MultipartDecoder
 from werkzeug.sansio.multipart import NeedData
 
-from thinkbatch.jobs import InvalidRequest
+from thinkbatch.errors import InputError
 
 # An upload is `file`, `purpose` and the two `expires_after` fields; a form of more parts than
 # this is no upload of this API (and each part costs memory while it is decoded).
@@ -49,9 +49,9 @@ class Form:
 
 
 def parse(stream: IO[bytes], boundary: str, *, spool_memory_bytes: int) -> Form:
-    """The form's fields and files; InvalidRequest naming what is wrong with it."""
+    """The form's fields and files; InputError naming what is wrong with it."""
     if not boundary:
-        raise InvalidRequest(
+        raise InputError(
             "body: multipart/form-data needs a boundary in its Content-Type",
             code="invalid_multipart",
         )
@@ -81,7 +81,7 @@ def parse(stream: IO[bytes], boundary: str, *, spool_memory_bytes: int) -> Form:
                 if isinstance(event, File | Field):
                     parts += 1
                     if parts > MAX_PARTS:
-                        raise InvalidRequest(
+                        raise InputError(
                             f"body: the form has more than {MAX_PARTS} parts; an upload takes "
                             "`file`, `purpose` and `expires_after`",
                             code="too_many_parts",
@@ -100,7 +100,7 @@ def parse(stream: IO[bytes], boundary: str, *, spool_memory_bytes: int) -> Form:
                     elif field_name is not None:
                         field_data += event.data
                         if len(field_data) > MAX_FIELD_BYTES:
-                            raise InvalidRequest(
+                            raise InputError(
                                 f"{field_name[:64]}: longer than {MAX_FIELD_BYTES} bytes",
                                 param=field_name[:64],
                             )
@@ -110,16 +110,16 @@ def parse(stream: IO[bytes], boundary: str, *, spool_memory_bytes: int) -> Form:
                             )
                             field_name = None
             if not chunk and not finished:
-                raise InvalidRequest(
+                raise InputError(
                     "body: the multipart body ends before its closing boundary (cut off?)",
                     code="invalid_multipart",
                 )
     except ValueError as error:  # the decoder's own word on a malformed body
         form.close()
-        raise InvalidRequest(
+        raise InputError(
             f"body: malformed multipart/form-data: {error}", code="invalid_multipart"
         ) from None
-    except (InvalidRequest, RequestEntityTooLarge):
+    except (InputError, RequestEntityTooLarge):
         form.close()
         raise
     for part in form.files:
@@ -131,4 +131,4 @@ def _text(name: str, raw: bytes) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise InvalidRequest(f"{name[:64]}: not UTF-8 text", param=name[:64]) from None
+        raise InputError(f"{name[:64]}: not UTF-8 text", param=name[:64]) from None

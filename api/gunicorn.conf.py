@@ -13,9 +13,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from thinkbatch.settings import Settings
+from thinkbatch.settings import get_settings
 
-_settings = Settings()
+_settings = get_settings()
 
 # Metrics of all worker processes (api/metrics.py): prometheus-client's multiprocess mode reads
 # PROMETHEUS_MULTIPROC_DIR when it is imported, which happens in each worker after the fork,

@@ -8,10 +8,10 @@ import sqlalchemy as sa
 from flask import Blueprint
 from pydantic import BaseModel
 
-from api import services
 from api.auth import public
 from api.openapi import Doc
 from api.openapi import describe
+from api.services import services
 
 bp = Blueprint("health", __name__)
 

@@ -8,26 +8,26 @@ from flask import stream_with_context
 
 from api import metrics
 from api import params
-from api import services
 from api.auth import caller
+from api.body import IDEMPOTENCY
+from api.body import idempotency_key
+from api.body import replayed_header
 from api.body import require_json
 from api.body import spool
 from api.openapi import NDJSON
 from api.openapi import Doc
 from api.openapi import Query
 from api.openapi import describe
-from thinkbatch import batches
-from thinkbatch import job_create
-from thinkbatch import jobs as service
-from thinkbatch import stats
-from thinkbatch.ledger import mark_hinted
-from thinkbatch.models import TERMINAL_JOB_STATUSES
+from api.services import services
+from thinkbatch.jobs import job_out
+from thinkbatch.jobs import parse_item_status
+from thinkbatch.jobs import parse_job_id
+from thinkbatch.jobs import stats
+from thinkbatch.jobs.wire import ItemPage
+from thinkbatch.jobs.wire import JobCreate
+from thinkbatch.jobs.wire import JobOut
+from thinkbatch.jobs.wire import JobPage
 from thinkbatch.models import ItemStatus
-from thinkbatch.queue import publish_job
-from thinkbatch.schemas import ItemPage
-from thinkbatch.schemas import JobCreate
-from thinkbatch.schemas import JobOut
-from thinkbatch.schemas import JobPage
 
 bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
 
@@ -54,28 +54,26 @@ STATUS = Query(
     Doc(
         summary="Submit a job.",
         body=JobCreate,
+        headers=(IDEMPOTENCY,),
         responses={201: JobOut},
-        notes={201: "The job, stored and queued."},
-        errors=(400, 408, 413, 415),
+        notes={201: "The job, stored and queued (or, for a repeated Idempotency-Key, the job "
+               "the first request made)."},
+        errors=(400, 408, 413, 415, 429),
         tags=("jobs",),
     )
-)
-def create() -> tuple[dict[str, object], int]:
+)  # fmt: skip
+def create() -> tuple[dict[str, object], int, dict[str, str]]:
     svc = services()
     require_json()
-    # The whole body first, off the network, with no transaction open (see api.body); then
-    # parse and store it as it streams from the spool: any invalid item rolls everything back.
-    with spool(svc.settings) as body, svc.sessions.begin() as session:
-        job = job_create.create_job_from_stream(session, caller(), body, svc.settings)
-        out = service.job_out(job, stats.empty())
-        copies = job_create.fanout(job, svc.settings)
-    metrics.job_submitted(out.counts.total)
-    # After the commit: a worker must find the rows. If Redis is down the job still stands;
-    # the sweeper enqueues it once Redis is back.
-    if publish_job(svc.celery, job.id, copies=copies):
-        with svc.engine.begin() as conn:
-            mark_hinted(conn, job.id)
-    return out.model_dump(mode="json"), 201
+    key = idempotency_key()
+    # The whole body has arrived (api/intake.py); it is parsed and stored as it streams from
+    # the spool, in one transaction: any invalid item stores nothing.
+    with spool(svc.settings) as body:
+        made = svc.jobs.submit_stream(caller(), body, idempotency_key=key)
+    out = job_out(made.job, stats.empty())
+    if not made.replayed:
+        metrics.job_submitted(out.counts.total)
+    return out.model_dump(mode="json"), 201, replayed_header(made.replayed)
 
 
 @bp.get("")
@@ -94,8 +92,7 @@ def create() -> tuple[dict[str, object], int]:
 )  # fmt: skip
 def list_() -> dict[str, object]:
     svc = services()
-    with svc.sessions() as session:
-        page = service.list_jobs(session, caller(), after=params.job_cursor(), limit=params.limit())
+    page = svc.jobs.page(caller(), after=params.job_cursor(), limit=params.limit())
     return page.model_dump(mode="json")
 
 
@@ -111,9 +108,7 @@ def list_() -> dict[str, object]:
 )
 def get(job_id: str) -> dict[str, object]:
     svc = services()
-    with svc.sessions() as session:
-        out = service.job_with_stats(session, caller(), service.parse_job_id(job_id))
-    return out.model_dump(mode="json")
+    return svc.jobs.status(caller(), parse_job_id(job_id)).model_dump(mode="json")
 
 
 @bp.get("/<job_id>/items")
@@ -133,19 +128,14 @@ def get(job_id: str) -> dict[str, object]:
 )
 def items(job_id: str) -> dict[str, object]:
     svc = services()
-    status = service.parse_item_status(params.status())
-    after, limit = params.item_cursor(), params.limit()
-    include_thinking = params.include_thinking()
-    with svc.sessions() as session:
-        page = service.items_page(
-            session,
-            caller(),
-            service.parse_job_id(job_id),
-            status=status,
-            after=after,
-            limit=limit,
-            include_thinking=include_thinking,
-        )
+    page = svc.jobs.items(
+        caller(),
+        parse_job_id(job_id),
+        status=parse_item_status(params.status()),
+        after=params.after(),
+        limit=params.limit(),
+        include_thinking=params.include_thinking(),
+    )
     return page.model_dump(mode="json")
 
 
@@ -162,11 +152,11 @@ def items(job_id: str) -> dict[str, object]:
 )
 def results(job_id: str) -> Response:
     svc = services()
-    status = service.parse_item_status(params.status())
-    include_thinking = params.include_thinking()
-    key = service.parse_job_id(job_id)
-    stream = service.iter_results(  # 404 before it starts
-        svc.engine, caller(), key, status=status, include_thinking=include_thinking
+    stream = svc.jobs.results(  # 404 before it starts
+        caller(),
+        parse_job_id(job_id),
+        status=parse_item_status(params.status()),
+        include_thinking=params.include_thinking(),
     )
     return Response(stream_with_context(stream), mimetype="application/x-ndjson")
 
@@ -183,8 +173,6 @@ def results(job_id: str) -> Response:
 def cancel(job_id: str) -> dict[str, object]:
     svc = services()
     require_json(body_required=False)
-    with svc.sessions() as session:
-        job = service.cancel_job(session, caller(), service.parse_job_id(job_id))
-        if job.endpoint is not None and job.status in TERMINAL_JOB_STATUSES:
-            batches.make_files(svc.engine, job.id)  # a batch that ended at once: its files too
-        return service.job_out(job, stats.job_stats(session, job)).model_dump(mode="json")
+    key = parse_job_id(job_id)
+    svc.jobs.cancel(caller(), key)
+    return svc.jobs.status(caller(), key).model_dump(mode="json")

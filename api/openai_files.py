@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 from flask import Blueprint
 from flask import Response
 from flask import request
@@ -11,48 +9,35 @@ from flask import stream_with_context
 from werkzeug.exceptions import UnsupportedMediaType
 
 from api import params
-from api import services
 from api.auth import caller
 from api.body import spool
-from api.errors import error_response
 from api.form import Form
 from api.form import parse as parse_form
 from api.openapi import Doc
 from api.openapi import Query
 from api.openapi import describe
-from thinkbatch import batches
-from thinkbatch import files as service
-from thinkbatch.jobs import InvalidRequest
-from thinkbatch.openai_schemas import FileDeleted
-from thinkbatch.openai_schemas import FileList
-from thinkbatch.openai_schemas import FileObject
-from thinkbatch.openai_schemas import FileUpload
+from api.services import services
+from thinkbatch.errors import InputError
+from thinkbatch.guard import check_text
+from thinkbatch.openai import batches
+from thinkbatch.openai import files as service
+from thinkbatch.openai.wire import FileDeleted
+from thinkbatch.openai.wire import FileList
+from thinkbatch.openai.wire import FileObject
+from thinkbatch.openai.wire import FileUpload
 
 bp = Blueprint("openai_files", __name__, url_prefix="/v1/files")
 
 FILE_ID = {"file_id": ({"type": "string", "pattern": "^file-[0-9a-f]{32}$"}, "A file id.")}
 MAX_LIST = 10_000  # OpenAI's bound of `limit` for files
-_DIGITS = re.compile(r"[0-9]{1,9}")
 _FIELDS = {"purpose", "expires_after[anchor]", "expires_after[seconds]"}
-
-
-@bp.errorhandler(service.FileNotFound)
-def _not_found(error: service.FileNotFound) -> tuple[Response, int]:
-    return error_response(404, "not_found", "file_not_found", f"no file {error.args[0]!r}")
-
-
-@bp.errorhandler(service.FileTooLarge)
-def _too_large(error: service.FileTooLarge) -> tuple[Response, int]:
-    return error_response(413, "invalid_request_error", "file_too_large", str(error), "file")
 
 
 def _field(form: Form, name: str) -> str | None:
     values = form.fields.get(name, [])
     if len(values) > 1:
-        raise InvalidRequest(f"{name}: given {len(values)} times; give it once", param=name)
-    if values and "\x00" in values[0]:
-        raise InvalidRequest(f"{name}: must not contain NUL (\\u0000)", param=name)
-    return values[0] if values else None
+        raise InputError(f"{name}: given {len(values)} times; give it once", param=name)
+    return check_text(values[0], name) if values else None
 
 
 @bp.post("")
@@ -79,7 +64,7 @@ def upload() -> dict[str, object]:
         )
     try:
         if "file" in form.fields:
-            raise InvalidRequest(
+            raise InputError(
                 "file: send the file as a file part (a Content-Disposition with a filename)",
                 param="file",
             )
@@ -88,18 +73,18 @@ def upload() -> dict[str, object]:
         )
         if unknown:
             name = unknown[0][:64]
-            raise InvalidRequest(
+            raise InputError(
                 f"{name}: unknown form field (an upload takes file, purpose and expires_after)",
                 param=name,
                 code="unknown_parameter",
             )
         if len(form.files) != 1:
-            raise InvalidRequest(
+            raise InputError(
                 f"file: give exactly one file part (got {len(form.files)})", param="file"
             )
         purpose = _field(form, "purpose")
         if purpose is None:
-            raise InvalidRequest("purpose: Field required", param="purpose")
+            raise InputError("purpose: Field required", param="purpose")
         expires = service.check_expires_after(
             _field(form, "expires_after[anchor]"), _field(form, "expires_after[seconds]")
         )
@@ -115,18 +100,9 @@ def upload() -> dict[str, object]:
                 expires_after_s=expires,
                 settings=svc.settings,
             )
-            return service.file_out(record)
+            return service.file_out(record).model_dump(mode="json")
     finally:
         form.close()
-
-
-def _limit() -> int:
-    raw = params.single("limit")
-    if raw is None:
-        return MAX_LIST
-    if not _DIGITS.fullmatch(raw) or not 1 <= int(raw) <= MAX_LIST:
-        raise InvalidRequest(f"limit: must be an integer from 1 to {MAX_LIST}", param="limit")
-    return int(raw)
 
 
 @bp.get("")
@@ -150,12 +126,14 @@ def list_() -> dict[str, object]:
     svc = services()
     order = params.single("order") or "desc"
     if order not in ("asc", "desc"):
-        raise InvalidRequest("order: must be asc or desc", param="order")
-    after, limit, purpose = params.single("after") or None, _limit(), params.single("purpose")
+        raise InputError("order: must be asc or desc", param="order")
+    after, limit = params.after(), params.limit(MAX_LIST, MAX_LIST)
+    purpose = params.single("purpose")
     with svc.sessions() as session:
-        return service.list_files(
+        page = service.list_files(
             session, caller(), after=after, limit=limit, order=order, purpose=purpose
         )
+    return page.model_dump(mode="json")
 
 
 @bp.get("/<file_id>")
@@ -164,7 +142,8 @@ def list_() -> dict[str, object]:
 def get(file_id: str) -> dict[str, object]:
     svc = services()
     with svc.sessions() as session:
-        return service.file_out(service.get_file(session, caller(), service.parse_file_id(file_id)))
+        found = service.get_file(session, caller(), service.parse_file_id(file_id))
+        return service.file_out(found).model_dump(mode="json")
 
 
 @bp.delete("/<file_id>")
@@ -173,7 +152,8 @@ def get(file_id: str) -> dict[str, object]:
 def delete(file_id: str) -> dict[str, object]:
     svc = services()
     with svc.sessions.begin() as session:
-        return service.delete_file(session, caller(), service.parse_file_id(file_id))
+        gone = service.delete_file(session, caller(), service.parse_file_id(file_id))
+        return gone.model_dump(mode="json")
 
 
 @bp.get("/<file_id>/content")
@@ -188,7 +168,7 @@ def delete(file_id: str) -> dict[str, object]:
 )
 def content(file_id: str) -> Response:
     svc = services()
-    size, stream = batches.open_file(svc.engine, caller(), service.parse_file_id(file_id))
+    size, stream = batches.open_file(svc.jobs, caller(), service.parse_file_id(file_id))
     response = Response(stream_with_context(stream), mimetype="application/octet-stream")
     response.content_length = size  # known: an upload's stored bytes, an output's measured ones
     return response

@@ -1,4 +1,5 @@
-"""Query parameters: parsed strictly, each error a 400 that names the parameter.
+"""Query parameters: parsed strictly, each error a 400 that names the parameter. Every route
+that pages (jobs, items, files, batches) takes its `limit` and `after` from here.
 
 `int()` would accept `1_0`, ` 1`, `+2` and any Unicode digit (`２`); a page size or a cursor that
 means something other than what was typed is a silently altered value, so only plain ASCII
@@ -13,7 +14,8 @@ import uuid
 from flask import Flask
 from flask import request
 
-from thinkbatch.jobs import InvalidRequest
+from thinkbatch.errors import InputError
+from thinkbatch.guard import check_text
 
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
@@ -31,38 +33,36 @@ def single(name: str) -> str | None:
     if not values:
         return None
     if len(values) > 1:
-        raise InvalidRequest(f"{name}: given {len(values)} times; give it once", param=name)
-    value = values[0]
-    if "\x00" in value:
-        raise InvalidRequest(f"{name}: must not contain NUL (\\u0000)", param=name)
-    return value
+        raise InputError(f"{name}: given {len(values)} times; give it once", param=name)
+    return check_text(values[0], name)
 
 
-def limit() -> int:
+def limit(default: int = DEFAULT_PAGE, most: int = MAX_PAGE) -> int:
+    """`limit`: a page size from 1 to `most`, `default` when absent."""
     raw = single("limit")
     if raw is None:
-        return DEFAULT_PAGE
-    if not _DIGITS.fullmatch(raw) or not 1 <= int(raw) <= MAX_PAGE:
-        raise InvalidRequest(
-            f"limit: must be an integer from 1 to {MAX_PAGE}, written in plain digits",
+        return default
+    if not _DIGITS.fullmatch(raw) or not 1 <= int(raw) <= most:
+        raise InputError(
+            f"limit: must be an integer from 1 to {most}, written in plain digits",
             param="limit",
         )
     return int(raw)
 
 
-def job_cursor() -> str | None:
+def after() -> str | None:
+    """`after`: the last id of the page before (its kind is the route's to check), or None."""
+    return single("after") or None
+
+
+def job_cursor() -> uuid.UUID | None:
     """`after` of the job list: the id of a job (a UUID), or absent."""
-    raw = single("after")
-    if not raw:
+    raw = after()
+    if raw is None:
         return None
     if not _UUID.fullmatch(raw):
-        raise InvalidRequest("after: must be the id of a job (a UUID)", param="after")
-    return str(uuid.UUID(raw))
-
-
-def item_cursor() -> str | None:
-    """`after` of the items page: a custom_id, or absent."""
-    return single("after") or None
+        raise InputError("after: must be the id of a job (a UUID)", param="after")
+    return uuid.UUID(raw)
 
 
 def status() -> str | None:
@@ -76,7 +76,7 @@ def include_thinking() -> bool:
     if raw is None:
         return True
     if raw not in ("true", "false"):
-        raise InvalidRequest(
+        raise InputError(
             "include_thinking: must be true or false (lower case)", param="include_thinking"
         )
     return raw == "true"
@@ -97,7 +97,7 @@ def init_app(app: Flask) -> None:
         for name in request.args:
             if name not in taken:
                 offered = ", ".join(sorted(taken)) or "none"
-                raise InvalidRequest(
+                raise InputError(
                     f"{name[:64]}: unknown query parameter (this route takes: {offered})",
                     param=name[:64],
                     code="unknown_parameter",

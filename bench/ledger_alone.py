@@ -18,12 +18,11 @@ import uuid
 from pathlib import Path
 
 import sqlalchemy as sa
-from sqlalchemy import orm
 
 from bench.workload import prompts
 from devstack import local_stack
-from thinkbatch import job_create
 from thinkbatch import ledger
+from thinkbatch.jobs import JobService
 from thinkbatch.keys import Caller
 from thinkbatch.ledger import Claimed
 from thinkbatch.ledger import Done
@@ -38,9 +37,8 @@ CLAIM_N, STORE_N = 512, 500  # the worker's claim chunk at rest and WRITE_BATCH_
 def create(db: sa.Engine, settings: Settings, n: int, round_no: int) -> uuid.UUID:
     body = {"items": prompts(n, round_no), "params": {"max_tokens": 16, "temperature": 0}}
     raw = io.BytesIO(json.dumps(body).encode())
-    with orm.Session(db) as session, session.begin():
-        job = job_create.create_job_from_stream(session, Caller("bench", None), raw, settings)
-        return job.id
+    made = JobService(settings, db, celery=None).submit_stream(Caller("bench", None), raw)
+    return made.job.id
 
 
 def done(item_id: int, job_id: uuid.UUID, attempt: int) -> Done:

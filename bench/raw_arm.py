@@ -15,7 +15,7 @@ from bench.cpu import cpu_snapshot
 from bench.cpu import cpu_used
 from bench.workload import prompts
 from devstack.stack import ROOT
-from thinkbatch.settings import Settings
+from thinkbatch.settings import get_settings
 
 RAW_MARK = "RAW-ARM "
 
@@ -32,7 +32,7 @@ def serve_raw(n: int, max_tokens: int) -> None:
     from thinkbatch.sampling import resolve_sampling
     from worker.vllm_engine import VLLMEngine
 
-    settings = Settings()
+    settings = get_settings()
     engine = VLLMEngine(settings)
 
     async def main() -> None:

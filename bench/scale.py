@@ -21,8 +21,8 @@ import psutil
 import sqlalchemy as sa
 
 from devstack import local_stack
-from thinkbatch import batches as batch_files
 from thinkbatch.keys import issue_key
+from thinkbatch.openai import batches as batch_files
 
 
 def body(n: int) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from devstack.stack import Stack
 from devstack.stack import readiness_wait
 from thinkbatch.keys import issue_key
 from thinkbatch.settings import Settings
+from thinkbatch.settings import get_settings
 
 
 def start_system(
@@ -47,7 +48,7 @@ def start_system(
         )  # fmt: skip
         time.sleep(1)
     key = issue_key(
-        stack.env.get("THINKBATCH_DATABASE_URL") or Settings().require_database_url(),
+        stack.env.get("THINKBATCH_DATABASE_URL") or get_settings().require_database_url(),
         "bench",
         "make bench",
     )
@@ -119,17 +120,18 @@ def write_capacity(database_url: str, n: int = 6000, batch: int = 500) -> float:
     """Rows/s the worker's result statement (ledger.complete) stores, apart from the engine."""
     from sqlalchemy import orm
 
-    from thinkbatch import job_create
     from thinkbatch import ledger
+    from thinkbatch.jobs import ItemIn
+    from thinkbatch.jobs import JobHeader
+    from thinkbatch.jobs import JobService
     from thinkbatch.keys import LOCAL
-    from thinkbatch.schemas import JobCreate
 
     settings = Settings(database_url=database_url)
     engine = sa.create_engine(database_url)
-    spec = JobCreate.model_validate({"items": [{"prompt": f"p{k}"} for k in range(n)]})
+    items = (ItemIn(prompt=f"p{k}") for k in range(n))
     owner = f"bench-{os.getpid()}-{time.time_ns()}"  # runs against the same database add up
+    job_id = JobService(settings, engine, celery=None).submit(LOCAL, items, JobHeader()).job.id
     with orm.Session(engine) as session, session.begin():
-        job_id = job_create.create_job(session, LOCAL, spec, settings).id
         session.execute(
             sa.text("INSERT INTO workers (id, hostname, pid, model) VALUES (:id, 'h', 0, 'm')"),
             {"id": owner},

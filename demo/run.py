@@ -24,12 +24,12 @@ from rich.table import Table
 
 from demo.credentials import demo_api_key
 from demo.credentials import flower_basic_auth
-from demo.prompts import DEMO_ITEMS
 from devstack import LocalStack
 from devstack import local_stack
 from devstack.services import free_port
 from devstack.stack import readiness_wait
-from thinkbatch.settings import Settings
+from devstack.tiny_prompts import DEMO_ITEMS
+from thinkbatch.settings import get_settings
 
 console = Console()
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     serve = sys.stdin.isatty() if args.serve is None else args.serve
 
-    data_dir = Settings().data_dir.absolute()
+    data_dir = get_settings().data_dir.absolute()
     with local_stack(data_dir, say=lambda line: console.print(f"[dim]{line}[/]")) as local:
         return run(local, serve)
 

@@ -1,7 +1,7 @@
 """The tiny demo model for the demo, the benchmark and the tests.
 
 The worker knows nothing of it: it serves whatever THINKBATCH_MODEL names. The dev stack builds
-the checkpoint (demo/model.py, once; cached) and hands its directory to the worker as the model,
+the checkpoint (devstack/tiny_model.py, once; cached) and hands its directory to the worker as the model,
 under the served name `thinkbatch-demo` that jobs ask for.
 """
 
@@ -28,10 +28,12 @@ def wants_demo_model(settings: Settings) -> bool:
 def build_demo_model(env: Mapping[str, str] | None = None) -> Path:
     """Build the demo checkpoint unless an up-to-date one is cached; return its directory.
     Built in a child process: training loads torch, which the launcher has no use for."""
-    from demo.model import DEFAULT_DIR  # demo/model.py imports only the stdlib at the top
+    from devstack.tiny_model import (
+        DEFAULT_DIR,  # devstack/tiny_model.py imports only the stdlib at the top
+    )
 
     subprocess.run(
-        [sys.executable, "-m", "demo.model", "--out", str(DEFAULT_DIR)],
+        [sys.executable, "-m", "devstack.tiny_model", "--out", str(DEFAULT_DIR)],
         cwd=ROOT,
         env=None if env is None else dict(env),
         check=True,

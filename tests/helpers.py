@@ -23,7 +23,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import orm
 
-from thinkbatch import job_create
+from thinkbatch.jobs import JobService
 from thinkbatch.keys import Caller
 from thinkbatch.keys import create_key
 from thinkbatch.settings import Settings
@@ -138,8 +138,17 @@ def submit_job(
     ingest, its validation and limits), without HTTP: what the runner then reads is what a
     client's submission would have stored."""
     raw = io.BytesIO(json.dumps(body).encode())
-    with orm.Session(db) as session, session.begin():
-        return job_create.create_job_from_stream(session, Caller(tenant, None), raw, settings).id
+    service = JobService(settings, db, celery=None)
+    return service.submit_stream(Caller(tenant, None), raw).job.id
+
+
+def job_records(
+    db: sa.Engine, settings: Settings, job_id: uuid.UUID, *, tenant: str = TENANT
+) -> dict[str, dict[str, Any]]:
+    """The job's item records by custom_id, as GET /v1/jobs/{id}/results streams them."""
+    service = JobService(settings, db, celery=None)
+    lines = b"".join(service.results(Caller(tenant, None), job_id)).splitlines()
+    return {r["custom_id"]: r for r in map(json.loads, lines)}
 
 
 def seed_job(

@@ -10,12 +10,12 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 
-from demo.model import DEFAULT_DIR
 from devstack import demo_model
 from devstack.demo_model import DEMO_MODEL
 from devstack.demo_model import demo_model_env
 from devstack.stack import CPU_ENGINE_DEFAULTS
 from devstack.stack import Stack
+from devstack.tiny_model import DEFAULT_DIR
 from tests.helpers import TENANT
 from thinkbatch.keys import issue_key
 

@@ -1,5 +1,5 @@
 """An item that cannot fit the model's context is refused at submit, from the bound the live
-workers recorded (thinkbatch/context.py), and that bound never exceeds a real token count."""
+workers recorded (thinkbatch/jobs/context.py), and that bound never exceeds a real token count."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from thinkbatch import ledger
-from thinkbatch.context import ContextBound
-from thinkbatch.schemas import ItemIn
-from thinkbatch.schemas import Message
+from thinkbatch.jobs import ItemIn
+from thinkbatch.jobs import Message
+from thinkbatch.jobs.context import ContextBound
 from thinkbatch.settings import Settings
 from worker.engine import message_tokens_min
 from worker.engine import widest_token_bytes
@@ -47,7 +47,9 @@ def _worker(db: sa.Engine, name: str, *, stale: bool = False, **shape: int | Non
         ledger.register_worker(conn, name, hostname="h", pid=1, model="thinkbatch-demo", **values)
         if stale:
             conn.execute(
-                sa.text("UPDATE workers SET heartbeat_at = now() - interval '1 hour' WHERE id = :w"),
+                sa.text(
+                    "UPDATE workers SET heartbeat_at = now() - interval '1 hour' WHERE id = :w"
+                ),
                 {"w": name},
             )
 

@@ -259,7 +259,7 @@ def test_gpu_check_stack_steps_run_on_the_demo_model(
     job system against the raw engine) need a GPU host to run from its command, so nothing here
     ran them, and a change to the bench helpers they call once broke step 5 unseen. They run
     here on the demo model with the CPU engine settings; only the ratio may miss its GPU bar."""
-    from demo.model import DEFAULT_DIR
+    from devstack.tiny_model import DEFAULT_DIR
     from tests.stacks import VLLM_ENV
     from tests.stacks import build_demo_model
 

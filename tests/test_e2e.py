@@ -52,7 +52,9 @@ ITEMS: list[dict[str, Any]] = [
         {"role": "user", "content": "Why is it fast?"},
     ]},
     {"custom_id": "raw", "prompt": "问题：什么是 PagedAttention？\n回答："},
-    {"custom_id": "too-long", "messages": [{"role": "user", "content": "token " * 2000}]},
+    # Its floor of tokens (thinkbatch/jobs/context.py) is under the 512-token context, so the
+    # API takes it; its real count (609) is over, so the worker fails it alone.
+    {"custom_id": "too-long", "messages": [{"role": "user", "content": "token " * 600}]},
 ]  # fmt: skip
 
 
@@ -85,7 +87,7 @@ def prompt_tokens(item: dict[str, Any]) -> int:
     """What the prompt tokenizes to, computed independently with transformers."""
     from transformers import AutoTokenizer
 
-    from demo.model import DEFAULT_DIR
+    from devstack.tiny_model import DEFAULT_DIR
 
     tokenizer = AutoTokenizer.from_pretrained(str(Path(DEFAULT_DIR)))
     if "prompt" in item:
@@ -101,6 +103,13 @@ def prompt_tokens(item: dict[str, Any]) -> int:
 
 def test_a_job_end_to_end(e2e: tuple[Client, sa.Engine, str, int | None]) -> None:
     client, db, broker, flower_port = e2e
+    # An item that cannot fit whatever its tokenizer does is refused at submit, from the floor
+    # the worker's engine recorded: the whole job with it, naming it, and nothing is stored.
+    hopeless = {"custom_id": "hopeless", "messages": [{"role": "user", "content": "token " * 2000}]}
+    refused = client.http.post("/v1/jobs", json={"items": [ITEMS[0], hopeless]})
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "items[1].messages"
+    assert refused.json()["error"]["code"] == "prompt_too_long"
     job = client.submit(ITEMS, params={"temperature": 0, "max_tokens": 200}, metadata={"t": "e2e"})
     assert job["status"] == "queued" and job["counts"]["total"] == len(ITEMS)
     job = client.wait(job["id"], timeout=300)

@@ -29,7 +29,7 @@ def tokenizer() -> Any:
     build_demo_model()
     from vllm.tokenizers import get_tokenizer
 
-    from demo.model import DEFAULT_DIR
+    from devstack.tiny_model import DEFAULT_DIR
 
     return get_tokenizer(str(DEFAULT_DIR))
 

@@ -27,7 +27,8 @@ from tests.helpers import ROOT
 from tests.helpers import TENANT
 from tests.helpers import keyed_client
 from tests.helpers import make_key
-from thinkbatch import ingest
+from thinkbatch import guard
+from thinkbatch.errors import InputError
 from thinkbatch.settings import Settings
 
 SECRET = "PROMPT-TEXT-7f3a"  # in every prompt below: must never reach a log line
@@ -649,8 +650,8 @@ class _Trickle(io.RawIOBase):
 
 def _outcome(body: bytes, step: int) -> tuple[str, Any]:
     try:
-        return "ok", list(ingest.read_body(_Trickle(body, step), ingest.Limits(max_depth=32)))  # type: ignore[arg-type]
-    except ingest.BodyError as error:
+        return "ok", list(guard.read_body(_Trickle(body, step), guard.Limits(max_depth=32)))  # type: ignore[arg-type]
+    except InputError as error:
         return "error", (error.message, error.param)
 
 
@@ -686,7 +687,7 @@ def test_valid_escapes_pass_unchanged() -> None:
 def test_a_500_has_a_request_id_and_logs_no_prompt(
     client: FlaskClient, db: sa.Engine, caplog: pytest.LogCaptureFixture, monkeypatch: Any
 ) -> None:
-    from thinkbatch import job_create
+    from thinkbatch.jobs import create as job_create
 
     row = job_create.ItemRows.row
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import sqlalchemy as sa
-from click.testing import CliRunner
 from sqlalchemy import orm
+from typer.testing import CliRunner
 
-from thinkbatch.keys import cli
+from thinkbatch.cli.main import app
 from thinkbatch.keys import create_key
 from thinkbatch.keys import list_keys
 from thinkbatch.keys import revoke_key
@@ -53,17 +53,20 @@ def test_tenant_names_are_checked() -> None:
                 create_key(session, bad)
 
 
-def test_admin_command_creates_lists_and_revokes(settings: Settings, db: sa.Engine) -> None:
+def test_thinkbatch_keys_creates_lists_and_revokes(settings: Settings, db: sa.Engine) -> None:
+    """`thinkbatch keys ...`, against the database a flag names (as the demo prints it) or
+    THINKBATCH_DATABASE_URL."""
     runner = CliRunner()
-    env = {"THINKBATCH_DATABASE_URL": settings.require_database_url()}
-    created = runner.invoke(cli, ["create", "--tenant", "acme", "--name", "ci"], env=env)
+    url = ["--database-url", settings.require_database_url()]
+    created = runner.invoke(app, ["keys", "create", "--tenant", "acme", "--name", "ci", *url])
     assert created.exit_code == 0, created.output
     key = created.stdout.strip()
     prefix = key.split("_")[1]
-    listed = runner.invoke(cli, ["list"], env=env)
+    env = {"THINKBATCH_DATABASE_URL": settings.require_database_url()}
+    listed = runner.invoke(app, ["keys", "list"], env=env)
     assert listed.exit_code == 0 and prefix in listed.stdout and key not in listed.stdout
-    revoked = runner.invoke(cli, ["revoke", prefix], env=env)
+    revoked = runner.invoke(app, ["keys", "revoke", prefix, *url])
     assert revoked.exit_code == 0, revoked.output
-    assert runner.invoke(cli, ["revoke", "ffffffff"], env=env).exit_code != 0
+    assert runner.invoke(app, ["keys", "revoke", "ffffffff", *url]).exit_code != 0
     with orm.Session(db) as session:
         assert verify_key(session, key) is None

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT
+from tests.helpers import load_script
 
 SHIPPED = ("thinkbatch", "api", "worker")
 DEV_ONLY = ("demo", "bench", "devstack")
@@ -86,3 +87,24 @@ def test_the_wheel_ships_only_thinkbatch_api_and_worker(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         tops = {name.split("/")[0] for name in archive.namelist()}
     assert {t for t in tops if not t.endswith(".dist-info")} == set(SHIPPED)
+
+
+def test_no_import_runs_back_up_a_layer_and_none_is_circular() -> None:
+    """scripts/structure.py's layers: the core, the ledger, the job service, its facades, the
+    processes, the dev stack, the tools. A module imports its own layer and those below."""
+    structure = load_script("structure")
+    edges = structure.graph()
+    assert structure.upward(edges) == []
+    assert structure.cycles(edges) == []
+
+
+def test_the_openai_facade_uses_only_what_the_job_service_exports() -> None:
+    structure = load_script("structure")
+    behind = [
+        f"{module} -> {target}"
+        for module, targets in structure.graph().items()
+        if module.startswith("thinkbatch.openai")
+        for target in targets
+        if target.startswith("thinkbatch.jobs.")
+    ]
+    assert behind == []

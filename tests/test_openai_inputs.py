@@ -13,9 +13,9 @@ import pytest
 import sqlalchemy as sa
 from flask.testing import FlaskClient
 
-from thinkbatch import batches
 from thinkbatch import ledger
 from thinkbatch.ledger import Done
+from thinkbatch.openai import batches
 
 HUGE_INT = b"9" * 5000  # past the 4,300 digits Python's int() takes from text
 

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from thinkbatch.ingest import Limits
-from thinkbatch.openai_lines import CHAT
-from thinkbatch.openai_lines import LineError
-from thinkbatch.openai_lines import parse_line
+from thinkbatch.errors import InputError
+from thinkbatch.guard import Limits
+from thinkbatch.openai.lines import CHAT
+from thinkbatch.openai.lines import parse_line
 
 LINE = Limits(max_depth=32, items_key=None)
 
@@ -35,6 +35,6 @@ def test_frequency_penalty_reaches_the_item() -> None:
 
 @pytest.mark.parametrize("value", [2.5, -3, "0.5"])
 def test_a_frequency_penalty_the_engine_refuses_names_its_field(value: object) -> None:
-    with pytest.raises(LineError) as error:
+    with pytest.raises(InputError) as error:
         parse_line(line(frequency_penalty=value), CHAT, LINE)
     assert error.value.param == "body.frequency_penalty"

@@ -7,7 +7,6 @@ Each module run starts two engines (without and with speculation), about a minut
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -16,18 +15,16 @@ import pytest
 import sqlalchemy as sa
 
 from devstack.stack import settings_env
-from tests.helpers import TENANT
 from tests.helpers import Servers
 from tests.helpers import database_name
+from tests.helpers import job_records
 from tests.helpers import make_settings
 from tests.helpers import recreate_database
 from tests.helpers import submit_job
 from tests.runner_harness import close_runner
 from tests.stacks import VLLM_ENV
 from tests.stacks import redis_db
-from thinkbatch import jobs as service
 from thinkbatch.db import migrate
-from thinkbatch.keys import Caller
 from thinkbatch.settings import Settings
 from worker.engine import create_engine
 from worker.runner import Runner
@@ -104,8 +101,7 @@ def _run(settings: Settings, db: sa.Engine, items: list[dict[str, Any]]) -> dict
         spec_stats = engine.speculative_stats()
     finally:
         close_runner(runner, timeout=30)
-    lines = b"".join(service.iter_results(db, Caller(TENANT, None), job_id, status=None))
-    records = {r["custom_id"]: r for r in map(json.loads, lines.splitlines())}
+    records = job_records(db, settings, job_id)
     assert all(r["status"] == "succeeded" for r in records.values()), records
     return {"items": records, "speculative": spec_stats}
 

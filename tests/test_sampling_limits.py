@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from thinkbatch.jobs import SamplingParamsIn
 from thinkbatch.limits import SAMPLING_LIMITS
 from thinkbatch.limits import STOP_MAX_CHARS
 from thinkbatch.limits import STOP_MAX_STRINGS
 from thinkbatch.limits import Bound
 from thinkbatch.limits import Limit
-from thinkbatch.schemas import SamplingParamsIn
 
 # The tests that ask vLLM's own SamplingParams are `slow`: importing vLLM (and torch) takes ~15 s
 # on this host, so they import it when they run, and make check never loads it.

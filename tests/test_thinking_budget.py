@@ -172,11 +172,6 @@ def _submit(harness: Harness, body: dict[str, Any]) -> Any:
 
 
 def _results(harness: Harness, job_id: Any) -> dict[str, dict[str, Any]]:
-    from tests.helpers import TENANT
-    from thinkbatch import jobs as service
-    from thinkbatch.keys import Caller
+    from tests.helpers import job_records
 
-    lines = b"".join(
-        service.iter_results(harness.db, Caller(TENANT, None), job_id, status=None)
-    ).splitlines()
-    return {r["custom_id"]: r for r in map(json.loads, lines)}
+    return job_records(harness.db, harness.settings, job_id)

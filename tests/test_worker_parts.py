@@ -18,10 +18,10 @@ from worker.engine import Prepared
 from worker.engine import ThinkTokens
 from worker.runner.fairness import pick
 from worker.runner.suspects import Suspects
+from worker.runner.window import AbortReason
 from worker.runner.window import Flight
 from worker.runner.window import InFlight
 from worker.runner.window import JobHandle
-from worker.runner.writer import AbortReason
 from worker.runner.writer import Outcome
 from worker.runner.writer import OutcomeKind
 from worker.runner.writer import Writer

@@ -1,12 +1,9 @@
-"""API keys: create, verify, list and revoke; and the admin command around them.
+"""API keys: create, verify, list and revoke (the admin commands are `thinkbatch keys ...`,
+thinkbatch/cli/keys.py).
 
 A key reads `tb_<prefix>_<secret>`. The prefix (8 hex characters) is stored in clear to find the
 key and to name it in listings; of the whole key only a SHA-256 hash is stored. Verification
 reads the key's row on every request, so a revocation takes effect on the next request.
-
-    python -m thinkbatch.keys create --tenant acme [--name ci]
-    python -m thinkbatch.keys list [--tenant acme] [--all]
-    python -m thinkbatch.keys revoke <prefix>
 """
 
 from __future__ import annotations
@@ -15,16 +12,13 @@ import hashlib
 import hmac
 import re
 import secrets
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC
 from datetime import datetime
 
-import click
 import sqlalchemy as sa
 from sqlalchemy import orm
 
+from thinkbatch import ledger
 from thinkbatch.models import DEFAULT_TENANT
 from thinkbatch.models import ApiKey
 
@@ -76,10 +70,10 @@ def create_key(session: orm.Session, tenant: str, name: str = "") -> tuple[str, 
         if session.scalar(sa.select(ApiKey.id).where(ApiKey.prefix == prefix)) is None:
             break
     key = f"tb_{prefix}_{secrets.token_urlsafe(32)}"
-    row = ApiKey(tenant=tenant, name=name[:128], prefix=prefix, key_hash=_hash(key))
-    session.add(row)
-    session.flush()
-    return key, _info(row)
+    created = ledger.insert_key(
+        session.connection(), tenant=tenant, name=name[:128], prefix=prefix, key_hash=_hash(key)
+    )
+    return key, KeyInfo(prefix, tenant, name[:128], created, None)
 
 
 def verify_key(session: orm.Session, key: str) -> Caller | None:
@@ -110,12 +104,12 @@ def list_keys(
 
 
 def revoke_key(session: orm.Session, prefix: str) -> KeyInfo | None:
-    row = session.scalar(sa.select(ApiKey).where(ApiKey.prefix == prefix).with_for_update())
-    if row is None:
+    if not ledger.revoke_key(session.connection(), prefix):
         return None
-    if row.revoked_at is None:
-        row.revoked_at = datetime.now(UTC)
-    return _info(row)
+    row = session.scalar(
+        sa.select(ApiKey).where(ApiKey.prefix == prefix).execution_options(populate_existing=True)
+    )
+    return _info(row) if row is not None else None
 
 
 def issue_key(database_url: str, tenant: str, name: str = "") -> str:
@@ -127,64 +121,3 @@ def issue_key(database_url: str, tenant: str, name: str = "") -> str:
     finally:
         engine.dispose()
     return key
-
-
-# --- the admin command (click: a Celery and Flask dependency already, so nothing new) --------
-
-
-@contextmanager
-def _sessions() -> Iterator[orm.sessionmaker[orm.Session]]:
-    from thinkbatch.db import make_engine
-    from thinkbatch.db import make_sessionmaker
-    from thinkbatch.settings import Settings
-
-    engine = make_engine(Settings())
-    try:
-        yield make_sessionmaker(engine)
-    finally:
-        engine.dispose()  # a command may run in a process that lives on (the tests' CliRunner)
-
-
-@click.group(help="Manage API keys (DATABASE_URL names the database).")
-def cli() -> None:
-    pass
-
-
-@cli.command(help="Create a key for TENANT and print it (it is shown only this once).")
-@click.option("--tenant", required=True)
-@click.option("--name", default="", help="What the key is for.")
-def create(tenant: str, name: str) -> None:
-    with _sessions() as sessions, sessions.begin() as session:
-        try:
-            key, info = create_key(session, tenant, name)
-        except ValueError as error:
-            raise click.BadParameter(str(error), param_hint="--tenant") from None
-    click.echo(key)
-    click.echo(f"prefix {info.prefix}, tenant {info.tenant}", err=True)
-
-
-@cli.command(name="list", help="List keys by prefix (never the keys themselves).")
-@click.option("--tenant", default=None)
-@click.option("--all", "include_revoked", is_flag=True, help="Include revoked keys.")
-def list_command(tenant: str | None, include_revoked: bool) -> None:
-    with _sessions() as sessions, sessions() as session:
-        for info in list_keys(session, tenant, include_revoked=include_revoked):
-            revoked = f"  revoked {info.revoked_at:%Y-%m-%d %H:%M}" if info.revoked_at else ""
-            click.echo(
-                f"{info.prefix}  {info.tenant:<20} {info.created_at:%Y-%m-%d %H:%M}  "
-                f"{info.name}{revoked}"
-            )
-
-
-@cli.command(help="Revoke the key with PREFIX; it stops working on the next request.")
-@click.argument("prefix")
-def revoke(prefix: str) -> None:
-    with _sessions() as sessions, sessions.begin() as session:
-        info = revoke_key(session, prefix)
-    if info is None:
-        raise click.ClickException(f"no key with prefix {prefix!r}")
-    click.echo(f"revoked {info.prefix} ({info.tenant})")
-
-
-if __name__ == "__main__":
-    cli()

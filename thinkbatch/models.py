@@ -149,10 +149,14 @@ class Job(Base):
     )
 
     # A job made through the OpenAI Batch API (`endpoint` set) and what that API shows of it.
+    # (`idempotency_key` serves every submission, native ones too.)
     endpoint: orm.Mapped[str | None] = orm.mapped_column(sa.String(32))
     input_file_id: orm.Mapped[uuid.UUID | None]
     completion_window_text: orm.Mapped[str | None] = orm.mapped_column(sa.String(16))
     idempotency_key: orm.Mapped[str | None] = orm.mapped_column(sa.String(255))
+    # SHA-256 of the request that made the job under its idempotency key: a retry of the
+    # same request gets the job back, another request under the same key a 400.
+    request_digest: orm.Mapped[bytes | None] = orm.mapped_column(sa.LargeBinary(32))
     cancelling_at: orm.Mapped[datetime | None]
     batch_errors: orm.Mapped[list[dict[str, Any]] | None] = orm.mapped_column(JSONB)
     # Set once the job is finished (its output is then fixed); see thinkbatch/batches.py.

@@ -1,6 +1,8 @@
 """Every setting of thinkbatch, read from the environment (or `.env`) in this one place.
 
-The API, the worker, the migrations and the tools all build a `Settings()`; tests pass their own.
+A process builds its settings once, with `get_settings()` at its entry point (the API's
+api/asgi.py and gunicorn.conf.py, the worker's worker/celery_app.py, the CLI), and passes them
+down; tests build their own `Settings(...)`.
 Each setting is the environment variable `THINKBATCH_<NAME>` (`THINKBATCH_DATABASE_URL`,
 `THINKBATCH_MODEL`, ...), case-insensitive. The old unprefixed names (`MODEL`, `SEED`, ...) are
 still read for one release, with a FutureWarning; the prefixed name wins where both are set.
@@ -8,6 +10,7 @@ still read for one release, with a FutureWarning; the prefixed name wins where b
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 from pathlib import Path
@@ -491,3 +494,10 @@ class Settings(BaseSettings):
                 f"{ENV_PREFIX}REDIS_URL is not set (the demo launcher sets it for you)"
             )
         return str(self.redis_url)
+
+
+@functools.cache
+def get_settings() -> Settings:
+    """This process's settings, read from the environment once (a forked process keeps its
+    parent's)."""
+    return Settings()

@@ -20,8 +20,8 @@ from dataclasses import field
 
 import sqlalchemy as sa
 
-from thinkbatch import batches
 from thinkbatch import ledger
+from thinkbatch.openai import batches
 from thinkbatch.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -123,30 +123,9 @@ def _sweep(
         report.finalized = ledger.finalize_jobs(conn)
     report.batch_files = batches.make_due_files(engine)
 
-    # Files past their expires_at: their bytes go (the row stays, marked deleted, as a DELETE
-    # leaves it), a bounded number per pass so that one sweep never runs long.
+    # Files past their expires_at: their bytes go, a bounded number per pass.
     with engine.begin() as conn:
-        report.files_expired = len(
-            conn.execute(
-                sa.text(
-                    """
-                WITH gone AS (
-                    UPDATE files SET deleted_at = now()
-                    WHERE id IN (
-                        SELECT id FROM files
-                        WHERE expires_at <= now() AND deleted_at IS NULL
-                        ORDER BY expires_at LIMIT :n FOR UPDATE SKIP LOCKED
-                    )
-                    RETURNING id
-                ), chunks AS (
-                    DELETE FROM file_chunks WHERE file_id IN (SELECT id FROM gone)
-                )
-                SELECT id FROM gone
-                """
-                ),
-                {"n": EXPIRED_FILES_PER_SWEEP},
-            ).all()
-        )
+        report.files_expired = ledger.expire_files(conn, EXPIRED_FILES_PER_SWEEP)
     if report.files_expired:
         log.info("removed %d expired file(s)", report.files_expired)
 

@@ -81,7 +81,7 @@ def closed_by_budget(*, reasoning_tokens: int, budget: int | None) -> bool:
 def thinking_truncated(split: ThinkingSplit, *, reasoning_tokens: int, budget: int | None) -> bool:
     """The item's `thinking_truncated`: cut by max_tokens (no `</think>` at all; the answer is
     empty) or closed by the thinking budget (the answer follows). Statistics tell the two apart
-    by whether every completion token was thinking (see thinkbatch/stats.py)."""
+    by whether every completion token was thinking (see thinkbatch/jobs/stats.py)."""
     return split.truncated or closed_by_budget(reasoning_tokens=reasoning_tokens, budget=budget)
 
 

@@ -12,9 +12,9 @@ from celery import signals
 
 from thinkbatch import logging_setup
 from thinkbatch.queue import make_celery
-from thinkbatch.settings import Settings
+from thinkbatch.settings import get_settings
 
-settings = Settings()
+settings = get_settings()
 app = make_celery(settings)
 app.conf.update(
     worker_pool="threads",

@@ -54,7 +54,7 @@ class Generation:
 @dataclass(frozen=True, slots=True)
 class ModelShape:
     """What bounds an item's prompt tokens from below, recorded with the worker so that the API
-    refuses at submit an item that cannot fit (thinkbatch/context.py): the context, the most
+    refuses at submit an item that cannot fit (thinkbatch/jobs/context.py): the context, the most
     bytes of text one token stands for, and the fewest tokens the chat template adds for one
     message (0 when that cannot be measured)."""
 

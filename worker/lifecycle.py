@@ -16,9 +16,9 @@ from celery import signals
 from celery.utils.nodenames import worker_direct
 
 from thinkbatch.db import make_engine
-from thinkbatch.queue import make_celery
 from thinkbatch.queue import publish_job
 from thinkbatch.settings import Settings
+from thinkbatch.settings import get_settings
 from worker import metrics as worker_metrics
 from worker.engine import create_engine
 from worker.reaper import spawn_reaper
@@ -46,8 +46,8 @@ def current_runner() -> Runner | None:
 @signals.worker_init.connect
 def load_engine(sender: Any = None, **_: Any) -> None:
     global _runner, _reaper
-    settings = Settings()
-    celery = make_celery(settings)
+    settings = get_settings()  # the one worker/celery_app.py built
+    celery = sender.app  # and its Celery app: hints are sent through the worker's own
     own_queue = worker_direct(sender.hostname)
     try:
         runner = Runner(

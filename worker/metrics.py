@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import Protocol
 
 from prometheus_client import Counter
 from prometheus_client import Gauge
@@ -33,7 +34,27 @@ from worker import stages
 
 if TYPE_CHECKING:
     from worker.engine import Engine
-    from worker.runner import Runner
+
+
+class Window(Protocol):
+    size: int
+
+
+class Watched(Protocol):
+    """What the metrics read of a runner when scraped (worker/runner/core.py `Runner`): the
+    metrics are a leaf the runner's parts report to, so they name no part of the runner."""
+
+    @property
+    def engine(self) -> Engine: ...
+
+    @property
+    def inflight(self) -> Window: ...
+
+    @property
+    def items_in_engine(self) -> int: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +184,7 @@ class WorkerMetrics:
         with self._lock:
             self._recent.append((time.monotonic(), completion, len(kept)))
 
-    def watch(self, runner: Runner) -> None:
+    def watch(self, runner: Watched) -> None:
         """Read the runner's load when scraped."""
         self.in_engine.set_function(lambda: runner.items_in_engine)
         engine = self.engine = runner.engine
@@ -244,7 +265,7 @@ REGISTRY.register(CpuCollector())
 REGISTRY.register(EngineStepsCollector())
 
 
-def serve(settings: Settings, runner: Runner) -> Any:
+def serve(settings: Settings, runner: Watched) -> Any:
     """Serve /metrics on WORKER_METRICS_PORT (0: off). A port in use is logged, not fatal:
     losing the metrics must not cost a loaded engine."""
     metrics.watch(runner)

@@ -1,5 +1,6 @@
 """A batch's output files are made when it finishes; metadata is kept as sent; workers record
-what the API needs to refuse an item that cannot fit their model
+what the API needs to refuse an item that cannot fit their model; a job keeps the digest of the
+request its idempotency key made it from
 
 Revision ID: 0005
 Revises: 0004
@@ -11,6 +12,9 @@ Create Date: 2026-12-01 16:00:00
   writes. Batches finished before this revision are picked up by the next sweep.
 - `workers.max_model_len`, `token_bytes_max` and `message_tokens_min`: the bound on an item's
   tokens that the API checks at submit.
+- `jobs.request_digest`: a retried submission with the same Idempotency-Key gets its job back
+  only if it is the same request. Jobs made before it have none, and a retry of theirs is
+  taken as the same request.
 """
 
 from __future__ import annotations
@@ -37,9 +41,11 @@ def upgrade() -> None:
     )
     for column in ("max_model_len", "token_bytes_max", "message_tokens_min"):
         op.add_column("workers", sa.Column(column, sa.Integer(), nullable=True))
+    op.add_column("jobs", sa.Column("request_digest", sa.LargeBinary(32), nullable=True))
 
 
 def downgrade() -> None:
+    op.drop_column("jobs", "request_digest")
     for column in ("message_tokens_min", "token_bytes_max", "max_model_len"):
         op.drop_column("workers", column)
     op.drop_index("ix_jobs_batches_unfiled", table_name="jobs")

@@ -31,6 +31,8 @@ from rich.progress import Progress
 from rich.progress import TextColumn
 from rich.progress import TimeRemainingColumn
 
+from thinkbatch.cli import keys as keys_cli
+
 OK, USAGE, FAILED_ITEMS, ENDED_BADLY, ERROR = 0, 2, 3, 4, 1
 FINISHED = ("completed", "failed", "cancelled", "expired")
 
@@ -332,11 +334,14 @@ def _watch(api: Api, job_id: str, interval: float = 0.5) -> int:
     return _exit_code(job)
 
 
+app.add_typer(keys_cli.app, name="keys")
+
+
 def run() -> None:
     """The entry point: errors as one line on stderr and exit code 1."""
     try:
         app()
-    except CliError as error:
+    except (CliError, keys_cli.KeysError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(ERROR)
     except openai.APIStatusError as error:

@@ -15,11 +15,19 @@ Two rules keep this correct under concurrency:
 
 The parts, each importing only those above it: `statuses` and `rows` (the shared constants and
 row types), `locks` (the first rule), `claims`, `jobs` (job status changes), `items` (the fenced
-writes of the second rule, and the releases), `hints` and `workers`.
+writes of the second rule, and the releases), `hints` and `workers`; and the writes that are not
+item state changes: `submits` (a submission's job row and items), `files` (the OpenAI Files
+API's rows and bytes) and `keys` (API keys).
 """
 
 from thinkbatch.ledger.claims import claim
 from thinkbatch.ledger.claims import has_suspects
+from thinkbatch.ledger.files import delete_file
+from thinkbatch.ledger.files import expire_files
+from thinkbatch.ledger.files import insert_chunk
+from thinkbatch.ledger.files import insert_outputs
+from thinkbatch.ledger.files import insert_upload
+from thinkbatch.ledger.files import set_size
 from thinkbatch.ledger.hints import job_to_adopt
 from thinkbatch.ledger.hints import mark_hinted
 from thinkbatch.ledger.hints import stale_jobs
@@ -29,10 +37,14 @@ from thinkbatch.ledger.items import fail
 from thinkbatch.ledger.items import release
 from thinkbatch.ledger.items import release_crashed
 from thinkbatch.ledger.items import release_lapsed
+from thinkbatch.ledger.jobs import ToDrive
 from thinkbatch.ledger.jobs import cancel_job
 from thinkbatch.ledger.jobs import expire_job
 from thinkbatch.ledger.jobs import fail_job
 from thinkbatch.ledger.jobs import finalize_jobs
+from thinkbatch.ledger.jobs import job_to_drive
+from thinkbatch.ledger.keys import insert_key
+from thinkbatch.ledger.keys import revoke_key
 from thinkbatch.ledger.locks import Lock
 from thinkbatch.ledger.locks import job_state
 from thinkbatch.ledger.locks import lock_jobs
@@ -46,6 +58,14 @@ from thinkbatch.ledger.statuses import RUNNABLE_SQL
 from thinkbatch.ledger.statuses import UNFINISHED
 from thinkbatch.ledger.statuses import UNFINISHED_SQL
 from thinkbatch.ledger.statuses import sql_in
+from thinkbatch.ledger.submits import NewJob
+from thinkbatch.ledger.submits import copy_items
+from thinkbatch.ledger.submits import find_by_key
+from thinkbatch.ledger.submits import insert_job
+from thinkbatch.ledger.submits import insert_refused_job
+from thinkbatch.ledger.submits import lock_tenant
+from thinkbatch.ledger.submits import settle_job
+from thinkbatch.ledger.submits import stored_items
 from thinkbatch.ledger.workers import beat
 from thinkbatch.ledger.workers import mark_stopped
 from thinkbatch.ledger.workers import owners_to_release
@@ -63,19 +83,33 @@ __all__ = [
     "JobState",
     "Lock",
     "Locked",
+    "NewJob",
+    "ToDrive",
     "beat",
     "cancel_job",
     "claim",
     "complete",
+    "copy_items",
+    "delete_file",
     "end_items",
+    "expire_files",
     "expire_job",
     "fail",
     "fail_job",
     "finalize_jobs",
+    "find_by_key",
     "has_suspects",
+    "insert_chunk",
+    "insert_job",
+    "insert_key",
+    "insert_outputs",
+    "insert_refused_job",
+    "insert_upload",
     "job_state",
     "job_to_adopt",
+    "job_to_drive",
     "lock_jobs",
+    "lock_tenant",
     "mark_hinted",
     "mark_stopped",
     "owners_to_release",
@@ -83,7 +117,11 @@ __all__ = [
     "release",
     "release_crashed",
     "release_lapsed",
+    "revoke_key",
+    "set_size",
+    "settle_job",
     "sql_in",
     "stale_jobs",
     "stop_silent_workers",
+    "stored_items",
 ]

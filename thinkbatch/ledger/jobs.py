@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -14,6 +16,28 @@ from thinkbatch.ledger.locks import Lock
 from thinkbatch.ledger.locks import lock_jobs
 from thinkbatch.ledger.statuses import RUNNABLE
 from thinkbatch.ledger.statuses import UNFINISHED_SQL
+
+
+@dataclass(frozen=True, slots=True)
+class ToDrive:
+    """What a worker needs of a job it is asked to drive."""
+
+    model: str
+    params: dict[str, Any]
+    priority: int
+    status: str
+    tenant: str
+    created_at: datetime
+
+
+def job_to_drive(conn: sa.Connection, job_id: uuid.UUID) -> ToDrive | None:
+    row = conn.execute(
+        sa.text(
+            "SELECT model, params, priority, status, tenant, created_at FROM jobs WHERE id = :id"
+        ),
+        {"id": job_id},
+    ).first()
+    return ToDrive(*row) if row is not None else None
 
 
 def finalize_jobs(conn: sa.Connection, job_ids: Iterable[uuid.UUID] | None = None) -> int:
@@ -111,7 +135,11 @@ def cancel_job(conn: sa.Connection, job_id: uuid.UUID) -> tuple[bool, str] | Non
         return None
     if state.status not in RUNNABLE:
         return False, state.status
-    conn.execute(sa.text("UPDATE jobs SET status = 'cancelling' WHERE id = :id"), {"id": job_id})
+    # cancelling_at: when the cancel was asked (a batch shows it).
+    conn.execute(
+        sa.text("UPDATE jobs SET status = 'cancelling', cancelling_at = now() WHERE id = :id"),
+        {"id": job_id},
+    )
     _end_unclaimable(conn, [job_id])  # its pending items end now, as released ones will later
     status = conn.execute(sa.text("SELECT status FROM jobs WHERE id = :id"), {"id": job_id})
     return True, status.scalar_one()

@@ -39,9 +39,9 @@ from worker.runner.engine_loop import EngineLoop
 from worker.runner.housekeeping import Housekeeper
 from worker.runner.housekeeping import yield_cpu
 from worker.runner.suspects import Suspects
+from worker.runner.window import AbortReason
 from worker.runner.window import InFlight
 from worker.runner.window import JobHandle
-from worker.runner.writer import AbortReason
 from worker.runner.writer import Writer
 
 log = logging.getLogger(__name__)
@@ -287,13 +287,7 @@ class Runner:
 
     def _attach(self, job_id: uuid.UUID) -> JobHandle | None:
         with self.db.connect() as conn:
-            row = conn.execute(
-                sa.text(
-                    "SELECT model, params, priority, status, tenant, created_at"
-                    " FROM jobs WHERE id = :id"
-                ),
-                {"id": job_id},
-            ).first()
+            row = ledger.job_to_drive(conn, job_id)
         if row is None or row.status not in ledger.RUNNABLE:
             return None
         if row.model != self.settings.model_name:

@@ -17,9 +17,9 @@ from worker.engine import Engine
 from worker.engine import EngineDead
 from worker.engine import ItemRejected
 from worker.metrics import metrics
+from worker.runner.window import AbortReason
 from worker.runner.window import Flight
 from worker.runner.window import InFlight
-from worker.runner.writer import AbortReason
 from worker.runner.writer import Outcome
 from worker.runner.writer import OutcomeKind
 from worker.runner.writer import Writer

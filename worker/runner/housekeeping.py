@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import sqlalchemy as sa
 
-from thinkbatch import batches
 from thinkbatch import ledger
+from thinkbatch.openai import batches
 from thinkbatch.settings import Settings
 from thinkbatch.sweeper import sweep
 from worker.runner.suspects import Suspects

@@ -4,6 +4,7 @@ and the one lock every part of the runner takes to change those counts."""
 from __future__ import annotations
 
 import asyncio
+import enum
 import threading
 import time
 import uuid
@@ -17,7 +18,13 @@ from thinkbatch.models import DEFAULT_TENANT
 
 if TYPE_CHECKING:
     from worker.engine import Prepared
-    from worker.runner.writer import AbortReason
+
+
+class AbortReason(enum.StrEnum):
+    cancelled = "cancelled"  # the job was cancelled: the item ends cancelled
+    expired = "expired"  # the job passed its window: the item ends expired
+    deadline = "deadline"  # no result within ITEM_DEADLINE_S: a retryable failure
+    shutdown = "shutdown"  # this worker is stopping: handed back untouched
 
 
 @dataclass(eq=False)

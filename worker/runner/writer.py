@@ -31,6 +31,7 @@ from worker.engine import Prepared
 from worker.engine import ThinkTokens
 from worker.metrics import metrics
 from worker.runner.suspects import Suspects
+from worker.runner.window import AbortReason
 from worker.runner.window import Flight
 from worker.runner.window import InFlight
 from worker.runner.window import JobHandle
@@ -46,13 +47,6 @@ class OutcomeKind(enum.StrEnum):
     rejected = "rejected"  # the item's own fault: fails now
     error = "error"  # ours or the engine's: retried until MAX_ATTEMPTS
     aborted = "aborted"  # taken out of the engine; AbortReason says why
-
-
-class AbortReason(enum.StrEnum):
-    cancelled = "cancelled"  # the job was cancelled: the item ends cancelled
-    expired = "expired"  # the job passed its window: the item ends expired
-    deadline = "deadline"  # no result within ITEM_DEADLINE_S: a retryable failure
-    shutdown = "shutdown"  # this worker is stopping: handed back untouched
 
 
 @dataclass(slots=True)  # not frozen: one per item (see ledger.Claimed)

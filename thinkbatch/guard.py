@@ -1,12 +1,13 @@
-"""Read a job request body as a stream: items are validated and copied into Postgres one by one,
-so the API's memory stays flat however large the job (a whole-body parse of a 100k-item job
-costs hundreds of MB per request).
+"""The one guard on untrusted text and JSON: every request body, batch-file line and batch
+create body is read here, and every other text a caller sends (query values, form fields,
+filenames) is checked by `check_text`.
 
-Validation is the same as `JobCreate`'s: the header fields use `JobHeader`, each item `ItemIn`;
-errors name the field (`items[3].messages[0].role`). The caller runs all of it inside one
-transaction, so a bad item anywhere stores nothing.
+A job body is read as a stream: its items come out one by one, to be validated and copied into
+Postgres, so the API's memory stays flat however large the job (a whole-body parse of a
+100k-item job costs hundreds of MB per request). Errors name the field
+(`items[3].messages[0].role`).
 
-Hostile bodies are refused here, in bounded time and memory, before anything is built:
+Hostile input is refused here, in bounded time and memory, before anything is built:
 
 - nesting deeper than `max_depth` (counted on the parser's events: ijson's `parse` keeps a
   prefix string per level, whose memory grows with the square of the depth, so only
@@ -15,7 +16,9 @@ Hostile bodies are refused here, in bounded time and memory, before anything is 
 - bytes that are not strict UTF-8 (CESU-8, encoded surrogates) and `\\uD800`-style escapes
   that are not a proper surrogate pair: yajl would store a lone high surrogate as `?` and fail
   on the rest, so the raw bytes are checked before the parser sees them (`_Guard`);
-- anything after the top-level object.
+- anything after the top-level object;
+- numbers the parser cannot hold (Python's own parser raises ValueError past 4,300 digits);
+- an item (or a whole line) past the item limits (`Limits`), counted on the events.
 
 Invalid JSON gets one line with the byte offset and never an echo of the body.
 """
@@ -33,17 +36,27 @@ from typing import Any
 import ijson
 from pydantic import ValidationError
 
-from thinkbatch.schemas import ItemIn
-from thinkbatch.schemas import JobHeader
+from thinkbatch.errors import InputError
 from thinkbatch.settings import Settings
 
 
-class BodyError(Exception):
-    """The body is not a JSON object of the expected shape (message, field)."""
+def _bad(message: str, param: str | None = None, code: str = "invalid_value") -> InputError:
+    return InputError(message, param=param, code=code)
 
-    def __init__(self, message: str, param: str | None = None, code: str = "invalid_value"):
-        super().__init__(message)
-        self.message, self.param, self.code = message, param, code
+
+def check_text(value: str, param: str) -> str:
+    """A caller's text as PostgreSQL can store it: no NUL (text and jsonb cannot hold one),
+    and no lone UTF-16 surrogate (not a character; JSON escapes and form decoding can make
+    one). Returns the value."""
+    if "\x00" in value:
+        raise InputError(f"{param}: must not contain NUL (\\u0000)", param=param)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(
+            f"{param}: holds a lone UTF-16 surrogate, not a character", param=param
+        ) from None
+    return value
 
 
 # --- bytes ------------------------------------------------------------------------------------
@@ -101,7 +114,7 @@ class _Guard:
             self.decoder.decode(raw, final=not raw)
         except UnicodeDecodeError as error:
             at = self.offset - pending + error.start + 1
-            raise BodyError(
+            raise _bad(
                 f"request body: invalid UTF-8 at byte {at}", code="invalid_encoding"
             ) from None
 
@@ -124,7 +137,7 @@ class _Guard:
             lone = _SURROGATE.match(data, pos)
             if lone:
                 escape = lone.group().decode("ascii")
-                raise BodyError(
+                raise _bad(
                     f"request body: {escape} at byte {base + pos + 1} is a lone UTF-16 "
                     "surrogate, not a character",
                     code="invalid_encoding",
@@ -157,7 +170,7 @@ class _Guard:
         return self.chunk_start + found[0] if found else None
 
 
-def _json_error(error: Exception, guard: _Guard) -> BodyError:
+def _json_error(error: Exception, guard: _Guard) -> InputError:
     message = error.args[0] if error.args else ""
     text = message.decode("utf-8", "replace") if isinstance(message, bytes) else str(message)
     reason = text.split("\n", 1)[0].strip()
@@ -166,8 +179,8 @@ def _json_error(error: Exception, guard: _Guard) -> BodyError:
     reason = reason.rstrip(".") or "malformed"
     if guard.eof or reason == "premature EOF":
         if guard.given == 0:
-            return BodyError("request body is empty; send a JSON object", code="invalid_json")
-        return BodyError(
+            return _bad("request body is empty; send a JSON object", code="invalid_json")
+        return _bad(
             f"request body is not valid JSON: it ends at byte {guard.given} before the JSON "
             "value is complete",
             code="invalid_json",
@@ -178,7 +191,7 @@ def _json_error(error: Exception, guard: _Guard) -> BodyError:
         if at is not None
         else (f"between bytes {guard.chunk_start + 1} and {guard.given}")
     )
-    return BodyError(f"request body is not valid JSON: {reason} ({where})", code="invalid_json")
+    return _bad(f"request body is not valid JSON: {reason} ({where})", code="invalid_json")
 
 
 # --- events ---------------------------------------------------------------------------------
@@ -239,9 +252,7 @@ def _path(stack: list[_Frame], child: bool = True) -> str:
 def _check_text(value: str, stack: list[_Frame], what: str = "") -> None:
     if "\x00" in value:
         path = _path(stack)
-        raise BodyError(
-            f"{path or 'request body'}: {what}must not contain NUL (\\u0000)", path or None
-        )
+        raise _bad(f"{path or 'request body'}: {what}must not contain NUL (\\u0000)", path or None)
 
 
 class _Tally:
@@ -264,14 +275,14 @@ class _Tally:
         limits = self.limits
         if self.values > limits.max_values:
             where = self.where or "request body"
-            raise BodyError(
+            raise _bad(
                 f"{where}: holds more than {limits.max_values} JSON values (MAX_ITEM_VALUES)",
                 self.where or None,
                 "item_too_large",
             )
         if self.chars > limits.max_chars:
             where = self.where or "request body"
-            raise BodyError(
+            raise _bad(
                 f"{where}: holds more than {limits.max_chars} characters (MAX_ITEM_CHARS)",
                 self.where or None,
                 "item_too_large",
@@ -284,7 +295,7 @@ class _Tally:
             and stack[-2].key == "messages"
         ):
             path = _path(stack, child=False)
-            raise BodyError(
+            raise _bad(
                 f"{path}: more than {limits.max_messages} messages (MAX_MESSAGES_PER_ITEM)",
                 path,
                 "too_many_messages",
@@ -312,7 +323,7 @@ def read_body(stream: IO[bytes], limits: Limits) -> Iterator[tuple[str, Any]]:
                 if value in frame.keys:
                     frame.key = value
                     path = _path(stack)
-                    raise BodyError(f"{path}: duplicate key", path, "duplicate_key")
+                    raise _bad(f"{path}: duplicate key", path, "duplicate_key")
                 frame.keys.add(value)
                 frame.key = value
                 tally.chars += len(value)
@@ -325,7 +336,7 @@ def read_body(stream: IO[bytes], limits: Limits) -> Iterator[tuple[str, Any]]:
             if event == "start_map" or event == "start_array":
                 if len(stack) >= limits.max_depth:
                     where = _path(stack) or None
-                    raise BodyError(
+                    raise _bad(
                         f"{where or 'request body'}: nested deeper than {limits.max_depth} "
                         "levels of objects and arrays",
                         where,
@@ -333,15 +344,13 @@ def read_body(stream: IO[bytes], limits: Limits) -> Iterator[tuple[str, Any]]:
                     )
                 if not stack:
                     if event != "start_map":
-                        raise BodyError(
-                            "request body: Input should be an object", code="invalid_type"
-                        )
+                        raise _bad("request body: Input should be an object", code="invalid_type")
                     stack.append(_Frame(_TOP))
                     continue
                 top = stack[-1].kind == _TOP
                 if top and items_key is not None and stack[-1].key == items_key:
                     if event != "start_array":
-                        raise BodyError(
+                        raise _bad(
                             f"{items_key}: Input should be a valid array",
                             items_key,
                             "list_type",
@@ -360,7 +369,7 @@ def read_body(stream: IO[bytes], limits: Limits) -> Iterator[tuple[str, Any]]:
                 if stack[-1].kind == _TOP and items_key is not None and stack[-1].key == items_key:
                     continue  # the items frame yielded its elements one by one
             elif not stack:
-                raise BodyError("request body: Input should be an object", code="invalid_type")
+                raise _bad("request body: Input should be an object", code="invalid_type")
             else:
                 if isinstance(value, str):
                     _check_text(value, stack)
@@ -370,7 +379,7 @@ def read_body(stream: IO[bytes], limits: Limits) -> Iterator[tuple[str, Any]]:
             parent = stack[-1]
             if parent.kind == _TOP:
                 if items_key is not None and parent.key == items_key:
-                    raise BodyError(
+                    raise _bad(
                         f"{items_key}: Input should be a valid array", items_key, "list_type"
                     )
                 yield "field", (parent.key, value)
@@ -387,7 +396,7 @@ def read_body(stream: IO[bytes], limits: Limits) -> Iterator[tuple[str, Any]]:
         if "overflow" in reason and stack:  # a number yajl cannot hold, at the current field
             path = _path(stack)
             kind = "integer" if "integer" in reason else "number"
-            raise BodyError(f"{path}: {kind} out of range", path, f"{kind}_out_of_range") from None
+            raise _bad(f"{path}: {kind} out of range", path, f"{kind}_out_of_range") from None
         raise _json_error(error, guard) from None
     if not done:
         raise _json_error(ijson.IncompleteJSONError("premature EOF"), guard)
@@ -406,7 +415,7 @@ def read_object(data: bytes, limits: Limits) -> dict[str, Any]:
     return {key: value for _, (key, value) in read_body(io.BytesIO(data), whole)}
 
 
-def validation_error(error: ValidationError, prefix: str = "") -> BodyError:
+def validation_error(error: ValidationError, prefix: str = "") -> InputError:
     """The most telling pydantic error as a message that names its field."""
     errors = error.errors(include_url=False)
     first = _pick(errors)
@@ -421,7 +430,7 @@ def validation_error(error: ValidationError, prefix: str = "") -> BodyError:
     message = first["msg"]
     if message.startswith("Value error, "):
         message = message[len("Value error, ") :]
-    return BodyError(f"{path}: {message}" if path else message, path or None, first["type"])
+    return _bad(f"{path}: {message}" if path else message, path or None, first["type"])
 
 
 def _is_branch(part: str) -> bool:
@@ -450,17 +459,3 @@ def _pick(errors: list[Any]) -> Any:
         if same_field and not wrong_branch:
             return candidate
     return first
-
-
-def parse_item(index: int, raw: Any) -> ItemIn:
-    try:
-        return ItemIn.model_validate(raw)
-    except ValidationError as error:
-        raise validation_error(error, f"items[{index}]") from None
-
-
-def parse_header(fields: dict[str, Any]) -> JobHeader:
-    try:
-        return JobHeader.model_validate(fields)
-    except ValidationError as error:
-        raise validation_error(error) from None

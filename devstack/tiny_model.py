@@ -6,7 +6,7 @@ format: `<think>\\n…\\n</think>\\n\\nanswer<|im_end|>`, or just `answer<|im_en
 chat template was asked for `enable_thinking=False`. The prompts use Qwen3-8B's real chat
 template, so the serving path (rendering, reasoning parsing, EOS handling) is the real one.
 
-    python -m demo.model [--out DIR] [--force] [--steps N]
+    python -m devstack.tiny_model [--out DIR] [--force] [--steps N]
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def build_demo_model(out_dir: Path, *, steps: int = DEFAULT_STEPS, seed: int = 0
     from transformers import Qwen3Config
     from transformers import Qwen3ForCausalLM
 
-    from demo.prompts import training_conversations
+    from devstack.tiny_prompts import training_conversations
 
     out_dir = Path(out_dir).expanduser().resolve()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -412,7 +412,7 @@ def _batches(lengths: list[int], rng: random.Random) -> Iterator[list[int]]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m demo.model", description="Build the tiny Qwen3 demo checkpoint."
+        prog="python -m devstack.tiny_model", description="Build the tiny Qwen3 demo checkpoint."
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_DIR, help="output directory")
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")

@@ -101,9 +101,9 @@ class JobHeader(BaseModel):
 
     model: str | None = Field(None, min_length=1, max_length=256)
     params: SamplingParamsIn = Field(default_factory=SamplingParamsIn)
-    metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] = (
-        Field(default_factory=dict, max_length=16)
-    )
+    metadata: (
+        dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None
+    ) = Field(None, max_length=16, description="Kept as sent: none, `{}` or up to 16 pairs.")
     priority: int = Field(0, ge=0, le=9, description="Higher gets a larger share of a worker.")
     completion_window: int | None = Field(
         None, gt=0, description="Seconds until unfinished items expire."
@@ -209,23 +209,3 @@ class JobPage(BaseModel):
     data: list[JobOut]
     has_more: bool
     last_id: uuid.UUID | None
-
-
-class ApiError(BaseModel):
-    """Every 4xx/5xx body: `{"error": {"type", "code", "message", "param"}}` (OpenAI's shape)."""
-
-    class Body(BaseModel):
-        type: Literal[
-            "invalid_request_error",
-            "authentication_error",
-            "rate_limit_error",
-            "not_found",
-            "conflict",
-            "unavailable",
-            "server_error",
-        ]
-        code: str
-        message: str
-        param: str | None = None
-
-    error: Body

@@ -4,7 +4,7 @@ The questions come from the seed articles (Qwen3-8B batch inference, vLLM, Paged
 continuous batching, left padding, thinking mode). The tiny model cannot really answer
 anything: it only learns the *shape* of a Qwen3 reasoning reply, so every answer here is a
 short canned text. Pure Python on purpose: the demo launcher (demo/run.py) imports DEMO_ITEMS
-without torch; only demo/model.py's training needs it.
+without torch; only devstack/tiny_model.py's training needs it.
 """
 
 from __future__ import annotations
@@ -474,7 +474,7 @@ def _thinking(subject: str, point: str, lang: str) -> str:
 
 
 def training_conversations(seed: int = 0) -> Iterator[dict[str, Any]]:
-    """Yield the training examples for demo/model.py, deterministically for a seed.
+    """Yield the training examples for devstack/tiny_model.py, deterministically for a seed.
 
     Two kinds, mirroring DEMO_ITEMS:
     - chat: {"messages": [..., {"role": "assistant", ...}], "enable_thinking": bool}; the

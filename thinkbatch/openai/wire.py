@@ -4,10 +4,35 @@ acceptance tests validate answers with the official SDK's own types."""
 
 from __future__ import annotations
 
+from typing import Annotated
 from typing import Literal
 
 from pydantic import BaseModel
+from pydantic import ConfigDict
 from pydantic import Field
+
+EXPIRES_MIN_S, EXPIRES_MAX_S = 3600, 2592000  # OpenAI's bounds of expires_after.seconds
+_INPUT = ConfigDict(extra="forbid", strict=True)
+Metadata = dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]]
+
+
+class ExpiresAfter(BaseModel):
+    model_config = _INPUT
+    anchor: Literal["created_at"]
+    seconds: int = Field(ge=EXPIRES_MIN_S, le=EXPIRES_MAX_S)
+
+
+class BatchCreate(BaseModel):
+    """POST /v1/batches."""
+
+    model_config = _INPUT
+    input_file_id: str = Field(max_length=64)
+    endpoint: Literal["/v1/chat/completions", "/v1/completions"]
+    completion_window: str = Field(
+        max_length=16, description='`"<N>h"`, e.g. `"24h"`; capped by MAX_COMPLETION_WINDOW_S.'
+    )
+    metadata: Metadata | None = Field(None, max_length=16)
+    output_expires_after: ExpiresAfter | None = None
 
 
 class FileUpload(BaseModel):

@@ -26,12 +26,13 @@ from pydantic import ConfigDict
 from pydantic import Field
 from pydantic import ValidationError
 
-from thinkbatch.ingest import BodyError
-from thinkbatch.ingest import Limits
-from thinkbatch.ingest import read_object
-from thinkbatch.schemas import ItemIn
-from thinkbatch.schemas import Message
-from thinkbatch.schemas import SamplingParamsIn
+from thinkbatch.errors import InputError
+from thinkbatch.guard import Limits
+from thinkbatch.guard import read_object
+from thinkbatch.jobs import ItemIn
+from thinkbatch.jobs import Message
+from thinkbatch.jobs import ResultRow
+from thinkbatch.jobs import SamplingParamsIn
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -48,12 +49,6 @@ _SAMPLING = (
     "frequency_penalty",
     "repetition_penalty",
 )
-
-
-class LineError(Exception):
-    def __init__(self, message: str, param: str | None, code: str = "invalid_value"):
-        super().__init__(message)
-        self.message, self.param, self.code = message, param, code
 
 
 class _TextPart(BaseModel):
@@ -122,7 +117,7 @@ def _param(loc: tuple[int | str, ...], prefix: str) -> str:
 
 def _from_validation(
     error: ValidationError, prefix: str, rename: dict[str, str] | None = None
-) -> LineError:
+) -> InputError:
     first = error.errors(include_url=False)[0]
     loc = tuple(first["loc"])
     # A union (content: str | parts) reports each branch; name the field, not the branch.
@@ -136,7 +131,7 @@ def _from_validation(
         message = "unknown field: not supported by this server"
     elif kind == "missing":
         message = "Field required"
-    return LineError(f"{param}: {message}", param, "invalid_value")
+    return InputError(f"{param}: {message}", param=param)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,23 +143,23 @@ class ParsedLine:
 
 
 def parse_line(raw: bytes, endpoint: str, limits: Limits) -> ParsedLine:
-    """One input line as an item, or LineError naming the field. The line is read under the
-    same guards as a job body (thinkbatch/ingest.py): strict UTF-8, no NUL or lone surrogate,
+    """One input line as an item, or an InputError naming the field. The line is read under the
+    same guards as a job body (thinkbatch/guard.py): strict UTF-8, no NUL or lone surrogate,
     no duplicate key, bounded depth, numbers in range, and the item limits over the line."""
     try:
         data = read_object(raw, limits)
-    except BodyError as error:
+    except InputError as error:
         message = error.message.replace("request body", "the line", 1)
-        raise LineError(message, error.param, error.code) from None
+        raise InputError(message, param=error.param, code=error.code) from None
     try:
         line = _Line.model_validate(data)
     except ValidationError as error:
         raise _from_validation(error, "") from None
     if line.url != endpoint:
-        raise LineError(
+        raise InputError(
             f"url: {line.url!r} differs from the batch's endpoint {endpoint!r}",
-            "url",
-            "invalid_url",
+            param="url",
+            code="invalid_url",
         )
     body_model = _ChatBody if endpoint == CHAT else _CompletionBody
     try:
@@ -177,9 +172,9 @@ def parse_line(raw: bytes, endpoint: str, limits: Limits) -> ParsedLine:
     max_param = "body.max_tokens"
     if isinstance(body, _ChatBody) and body.max_completion_tokens is not None:
         if body.max_tokens is not None:
-            raise LineError(
+            raise InputError(
                 "body.max_tokens: give max_completion_tokens or max_tokens, not both",
-                "body.max_tokens",
+                param="body.max_tokens",
             )
         sampling["max_tokens"] = body.max_completion_tokens
         max_param = "body.max_completion_tokens"
@@ -216,28 +211,11 @@ _OPENAI_CODES = {"prompt_too_long": "context_length_exceeded"}
 _FINISH = {"stop", "length"}
 
 
-@dataclass(frozen=True, slots=True)
-class Row:
-    item_id: int
-    custom_id: str
-    status: str
-    error_code: str | None
-    error_message: str | None
-    finished_at: int | None
-    thinking: str | None
-    answer: str | None
-    finish_reason: str | None
-    thinking_truncated: bool | None
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    reasoning_tokens: int | None
-
-
 def _dump(line: dict[str, Any]) -> bytes:
     return json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
 
 
-def render(row: Row, *, endpoint: str, model: str) -> bytes:
+def render(row: ResultRow, *, endpoint: str, model: str) -> bytes:
     """The output (succeeded) or error (otherwise) line of one item."""
     line_id = f"batch_req_{row.item_id:024x}"
     if row.status == "succeeded":
@@ -271,7 +249,7 @@ def render(row: Row, *, endpoint: str, model: str) -> bytes:
     return _dump({"id": line_id, "custom_id": row.custom_id, "response": response, "error": None})
 
 
-def _completion(row: Row, endpoint: str, model: str) -> dict[str, Any]:
+def _completion(row: ResultRow, endpoint: str, model: str) -> dict[str, Any]:
     prompt = row.prompt_tokens or 0
     completion = row.completion_tokens or 0
     usage = {
@@ -309,7 +287,7 @@ def _completion(row: Row, endpoint: str, model: str) -> dict[str, Any]:
     return {
         "id": f"{prefix}-{row.item_id:024x}",
         "object": kind,
-        "created": row.finished_at or 0,
+        "created": int(row.finished_at.timestamp()) if row.finished_at else 0,
         "model": model,
         "choices": [choice],
         "usage": usage,

@@ -3,8 +3,9 @@
 An upload is written as rows of FILE_CHUNK_BYTES in `file_chunks` while it is read, so the API
 holds one chunk in memory however large the file, and reads stream the rows back through a
 server-side cursor. A batch's output and error files store no bytes: they are rendered from the
-batch's results on each read (thinkbatch/batches.py), their size computed once when the batch
-finished. Every query is scoped by the caller's tenant: another tenant's file is not found.
+batch's results on each read (batches.py), their size measured once when the batch finished.
+Every query is scoped by the caller's tenant: another tenant's file is not found. The writes
+are the ledger's (thinkbatch/ledger/files.py).
 """
 
 from __future__ import annotations
@@ -17,17 +18,20 @@ from datetime import UTC
 from datetime import datetime
 from datetime import timedelta
 from typing import IO
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import orm
 
-from thinkbatch.jobs import InvalidRequest
-from thinkbatch.jobs import NotFound
+from thinkbatch import ledger
+from thinkbatch.errors import FileNotFound
+from thinkbatch.errors import InputError
+from thinkbatch.guard import check_text
 from thinkbatch.keys import Caller
 from thinkbatch.models import File
 from thinkbatch.models import FileChunk
-from thinkbatch.models import FileKind
+from thinkbatch.openai.wire import FileDeleted
+from thinkbatch.openai.wire import FileList
+from thinkbatch.openai.wire import FileObject
 from thinkbatch.settings import Settings
 
 UPLOAD_PURPOSES = ("batch",)
@@ -35,14 +39,13 @@ EXPIRES_MIN_S, EXPIRES_MAX_S = 3600, 2592000  # OpenAI's bounds of expires_after
 _FILE_ID = re.compile(r"file-([0-9a-f]{32})")
 
 
-class FileNotFound(NotFound):
-    pass
-
-
-class FileTooLarge(Exception):
-    def __init__(self, limit: int):
-        super().__init__(f"file: larger than the limit of {limit} bytes (MAX_FILE_BYTES)")
-        self.limit = limit
+def too_large(limit: int) -> InputError:
+    return InputError(
+        f"file: larger than the limit of {limit} bytes (MAX_FILE_BYTES)",
+        param="file",
+        code="file_too_large",
+        status=413,
+    )
 
 
 def file_id(key: uuid.UUID) -> str:
@@ -60,17 +63,17 @@ def _unix(value: datetime | None) -> int | None:
     return int(value.timestamp()) if value is not None else None
 
 
-def file_out(f: File) -> dict[str, Any]:
-    return {
-        "id": file_id(f.id),
-        "object": "file",
-        "bytes": f.bytes,
-        "created_at": _unix(f.created_at),
-        "filename": f.filename,
-        "purpose": f.purpose,
-        "status": "processed",
-        "expires_at": _unix(f.expires_at),
-    }
+def file_out(f: File) -> FileObject:
+    return FileObject(
+        id=file_id(f.id),
+        object="file",
+        bytes=f.bytes,
+        created_at=int(f.created_at.timestamp()),
+        filename=f.filename,
+        purpose=f.purpose,
+        status="processed",
+        expires_at=_unix(f.expires_at),
+    )
 
 
 def _visible(caller: Caller) -> list[sa.ColumnElement[bool]]:
@@ -93,15 +96,13 @@ def check_expires_after(anchor: str | None, seconds: str | None) -> int | None:
     if anchor is None and seconds is None:
         return None
     if anchor != "created_at":
-        raise InvalidRequest(
-            "expires_after.anchor: must be 'created_at'", param="expires_after.anchor"
-        )
+        raise InputError("expires_after.anchor: must be 'created_at'", param="expires_after.anchor")
     if (
         seconds is None
         or not re.fullmatch(r"[0-9]{1,9}", seconds)
         or not (EXPIRES_MIN_S <= int(seconds) <= EXPIRES_MAX_S)
     ):
-        raise InvalidRequest(
+        raise InputError(
             f"expires_after.seconds: must be an integer from {EXPIRES_MIN_S} to {EXPIRES_MAX_S}",
             param="expires_after.seconds",
         )
@@ -112,19 +113,13 @@ MAX_FILENAME_CHARS = 256  # the column's width; a longer name is refused, never 
 
 
 def check_filename(name: str | None) -> str:
-    name = name or "upload.jsonl"
-    if "\x00" in name:
-        raise InvalidRequest("file: the filename must not contain NUL", param="file")
+    name = check_text(name or "upload.jsonl", "file")
     if len(name) > MAX_FILENAME_CHARS:
-        raise InvalidRequest(
+        raise InputError(
             f"file: the filename has {len(name)} characters; at most {MAX_FILENAME_CHARS}",
             param="file",
             code="filename_too_long",
         )
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidRequest("file: the filename is not valid text", param="file") from None
     return name
 
 
@@ -138,34 +133,30 @@ def store_upload(
     expires_after_s: int | None,
     settings: Settings,
 ) -> File:
-    """Write the stream as chunk rows, reading one chunk at a time; FileTooLarge past
+    """Write the stream as chunk rows, reading one chunk at a time; a 413 InputError past
     MAX_FILE_BYTES (the caller's transaction then rolls back)."""
     if purpose not in UPLOAD_PURPOSES:
-        raise InvalidRequest(
-            f"purpose: must be one of {', '.join(UPLOAD_PURPOSES)}", param="purpose"
-        )
+        raise InputError(f"purpose: must be one of {', '.join(UPLOAD_PURPOSES)}", param="purpose")
+    conn = session.connection()
     now = datetime.now(UTC)
-    record = File(
-        id=uuid.uuid4(),
+    key = ledger.insert_upload(
+        conn,
         tenant=caller.tenant,
-        kind=FileKind.upload,
-        purpose=purpose,
         filename=filename,
-        bytes=0,
+        purpose=purpose,
         created_at=now,
         expires_at=now + timedelta(seconds=expires_after_s) if expires_after_s else None,
     )
-    session.add(record)
-    session.flush()
     total = seq = 0
     while chunk := _read_full(stream, settings.file_chunk_bytes):
         total += len(chunk)
         if total > settings.max_file_bytes:
-            raise FileTooLarge(settings.max_file_bytes)
-        session.execute(sa.insert(FileChunk).values(file_id=record.id, seq=seq, data=chunk))
+            raise too_large(settings.max_file_bytes)
+        ledger.insert_chunk(conn, key, seq, chunk)
         seq += 1
-    record.bytes = total
-    session.flush()
+    ledger.set_size(conn, key, total)
+    record = session.get(File, key)
+    assert record is not None
     return record
 
 
@@ -251,7 +242,7 @@ def list_files(
     limit: int,
     order: str,
     purpose: str | None,
-) -> dict[str, Any]:
+) -> FileList:
     query = sa.select(File).where(*_visible(caller))
     if purpose:
         query = query.where(File.purpose == purpose)
@@ -262,38 +253,30 @@ def list_files(
             sa.select(File).where(File.id == parse_after(after), File.tenant == caller.tenant)
         )
         if anchor is None:
-            raise InvalidRequest(f"after: no file {after!r}", param="after")
+            raise InputError(f"after: no file {after!r}", param="after")
         cursor = sa.tuple_(*key)
         bound = sa.tuple_(anchor.created_at, anchor.id)
         query = query.where(cursor < bound if newest_first else cursor > bound)
     ordering = [k.desc() for k in key] if newest_first else list(key)
     found = list(session.scalars(query.order_by(*ordering).limit(limit + 1)))
-    return page([file_out(f) for f in found[:limit]], has_more=len(found) > limit)
+    data = [file_out(f) for f in found[:limit]]
+    return FileList(
+        object="list",
+        data=data,
+        first_id=data[0].id if data else None,
+        last_id=data[-1].id if data else None,
+        has_more=len(found) > limit,
+    )
 
 
 def parse_after(raw: str) -> uuid.UUID:
     match = _FILE_ID.fullmatch(raw)
     if match is None:
-        raise InvalidRequest("after: must be the id of a file (file-...)", param="after")
+        raise InputError("after: must be the id of a file (file-...)", param="after")
     return uuid.UUID(match.group(1))
 
 
-def page(data: list[dict[str, Any]], *, has_more: bool) -> dict[str, Any]:
-    """OpenAI's cursor page."""
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": has_more,
-    }
-
-
-def delete_file(session: orm.Session, caller: Caller, key: uuid.UUID) -> dict[str, Any]:
-    """Gone for its tenant at once; an upload's bytes are removed, the row stays (so that a
-    finished batch never renders a deleted output file again)."""
-    found = get_file(session, caller, key)
-    found.deleted_at = datetime.now(UTC)
-    session.execute(sa.delete(FileChunk).where(FileChunk.file_id == key))
-    session.flush()
-    return {"id": file_id(key), "object": "file", "deleted": True}
+def delete_file(session: orm.Session, caller: Caller, key: uuid.UUID) -> FileDeleted:
+    get_file(session, caller, key)
+    ledger.delete_file(session.connection(), key)
+    return FileDeleted(id=file_id(key), object="file", deleted=True)

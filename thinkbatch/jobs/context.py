@@ -19,11 +19,11 @@ there is nothing to check against, and the worker's own count decides, as before
 from __future__ import annotations
 
 from dataclasses import dataclass
-import sqlalchemy as sa
-from sqlalchemy import orm
 
+import sqlalchemy as sa
+
+from thinkbatch.jobs.wire import ItemIn
 from thinkbatch.models import Worker
-from thinkbatch.schemas import ItemIn
 
 _VERBATIM_ROLES = ("system", "user", "tool")
 
@@ -53,12 +53,12 @@ class ContextBound:
         )
 
 
-def for_model(session: orm.Session, model: str, *, dead_after_s: float) -> ContextBound | None:
+def for_model(conn: sa.Connection, model: str, *, dead_after_s: float) -> ContextBound | None:
     """The bound the live workers of `model` allow: the largest context among them, with the
     tokenizer figures that make the floor lowest. None when no live worker recorded them."""
     # The database's clock, as every judgement of a heartbeat (thinkbatch/ledger/workers.py).
     since = sa.func.now() - sa.func.make_interval(0, 0, 0, 0, 0, 0, dead_after_s)
-    row = session.execute(
+    row = conn.execute(
         sa.select(
             sa.func.max(Worker.max_model_len),
             sa.func.max(Worker.token_bytes_max),

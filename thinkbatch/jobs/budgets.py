@@ -11,17 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from thinkbatch.schemas import SamplingParamsIn
+from thinkbatch.errors import InputError
+from thinkbatch.jobs.wire import SamplingParamsIn
 
 # What an item overrides: (max_tokens, thinking_budget, enable_thinking True or unset).
 _Pattern = tuple[bool, bool, bool | None]
-
-
-class BudgetConflict(Exception):
-    def __init__(self, message: str, param: str):
-        super().__init__(message)
-        self.message = message
-        self.param = param
 
 
 @dataclass(slots=True)
@@ -57,7 +51,7 @@ class BudgetCheck:
             self._worst[pattern] = _Worst(index, max_tokens, budget)
 
     def finish(self, job: SamplingParamsIn) -> None:
-        """Check every kept item against the job's params (raises BudgetConflict)."""
+        """Check every kept item against the job's params (raises InputError)."""
         job_thinking = job.enable_thinking is not False
         for pattern, worst in sorted(self._worst.items(), key=lambda kv: kv[1].index):
             thinking = pattern[2] if pattern[2] is not None else job_thinking
@@ -86,8 +80,8 @@ def _raise(
         source = "params.max_tokens"
     else:
         source = "DEFAULT_MAX_TOKENS"
-    raise BudgetConflict(
+    raise InputError(
         f"{param}: {budget} must be below max_tokens, which is {max_tokens} for items[{index}] "
         f"({source}): the model needs tokens left to answer",
-        param,
+        param=param,
     )

@@ -1,9 +1,10 @@
 """Per-tenant quotas, checked inside the transaction that stores a job.
 
 Both are read from Postgres, the system of record: several API processes see the same numbers,
-and a restart of Redis or of the API resets nothing. A transaction-scoped advisory lock per
-tenant serializes that tenant's own submissions (others are not affected), so parallel
-submits cannot each see room for themselves and together overrun the quota.
+and a restart of Redis or of the API resets nothing. The tenant's advisory lock
+(ledger.lock_tenant, taken by the front door first) serializes that tenant's own submissions
+(others are not affected), so parallel submits cannot each see room for themselves and together
+overrun the quota.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from datetime import datetime
 from datetime import timedelta
 
 import sqlalchemy as sa
-from sqlalchemy import orm
 
 from thinkbatch.models import ACTIVE_JOB_STATUSES
 from thinkbatch.models import Job
@@ -34,14 +34,7 @@ class QuotaExceeded(Exception):
         self.retry_after = max(1, math.ceil(retry_after))
 
 
-def lock_tenant(session: orm.Session, tenant: str) -> None:
-    session.execute(
-        sa.text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
-        {"key": f"thinkbatch-tenant:{tenant}"},
-    )
-
-
-def check_submission_rate(session: orm.Session, tenant: str, settings: Settings) -> None:
+def check_submission_rate(conn: sa.Connection, tenant: str, settings: Settings) -> None:
     """At most TENANT_JOBS_PER_MINUTE jobs in any 60 s (a sliding window over jobs.created_at)."""
     limit = settings.tenant_jobs_per_minute
     since = datetime.now(UTC) - timedelta(seconds=RATE_WINDOW_S)
@@ -52,9 +45,7 @@ def check_submission_rate(session: orm.Session, tenant: str, settings: Settings)
         .limit(limit)
         .subquery()
     )
-    count, oldest = session.execute(
-        sa.select(sa.func.count(), sa.func.min(recent.c.created_at))
-    ).one()
+    count, oldest = conn.execute(sa.select(sa.func.count(), sa.func.min(recent.c.created_at))).one()
     if count >= limit:
         retry = (oldest - since).total_seconds()
         raise QuotaExceeded(
@@ -66,7 +57,7 @@ def check_submission_rate(session: orm.Session, tenant: str, settings: Settings)
 
 
 def check_unfinished_items(
-    session: orm.Session,
+    conn: sa.Connection,
     tenant: str,
     adding: int,
     settings: Settings,
@@ -82,7 +73,7 @@ def check_unfinished_items(
     )
     if exclude is not None:
         query = query.where(Job.id != exclude)
-    unfinished = int(session.scalar(query) or 0)
+    unfinished = int(conn.scalar(query) or 0)
     if unfinished + adding > limit:
         raise QuotaExceeded(
             f"tenant {tenant!r} has {unfinished} unfinished items and this job adds {adding}; "

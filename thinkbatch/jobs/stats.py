@@ -23,12 +23,12 @@ from collections import OrderedDict
 import sqlalchemy as sa
 from sqlalchemy import orm
 
+from thinkbatch.jobs.wire import JobStats
+from thinkbatch.jobs.wire import ThinkingLength
+from thinkbatch.jobs.wire import Truncations
 from thinkbatch.models import ItemResult
 from thinkbatch.models import Job
 from thinkbatch.models import JobStatus
-from thinkbatch.schemas import JobStats
-from thinkbatch.schemas import ThinkingLength
-from thinkbatch.schemas import Truncations
 
 _R = ItemResult
 _THOUGHT = _R.reasoning_tokens > 0

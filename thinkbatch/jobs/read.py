@@ -1,0 +1,183 @@
+"""Reading jobs: one job, a page of jobs, a page of a job's items, all its records as JSONL,
+and when its items finished. Every query is scoped by the caller's tenant: another tenant's job
+is as absent as one that never existed. Nothing here writes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlalchemy import orm
+
+from thinkbatch.errors import InputError
+from thinkbatch.errors import NotFound
+from thinkbatch.jobs import results
+from thinkbatch.jobs.wire import Counts
+from thinkbatch.jobs.wire import ErrorInfo
+from thinkbatch.jobs.wire import ItemPage
+from thinkbatch.jobs.wire import JobOut
+from thinkbatch.jobs.wire import JobPage
+from thinkbatch.jobs.wire import JobStats
+from thinkbatch.jobs.wire import Usage
+from thinkbatch.keys import Caller
+from thinkbatch.models import Item
+from thinkbatch.models import ItemStatus
+from thinkbatch.models import Job
+from thinkbatch.models import JobStatus
+
+_BATCH_PREFIX = "batch_"
+
+
+def job_out(job: Job, stats: JobStats | None = None) -> JobOut:
+    return JobOut(
+        id=job.id,
+        status=job.status.value if isinstance(job.status, JobStatus) else job.status,
+        model=job.model,
+        priority=job.priority,
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        expires_at=job.expires_at,
+        counts=Counts(
+            total=job.total,
+            pending=job.pending,
+            running=job.running,
+            succeeded=job.succeeded,
+            failed=job.failed,
+            cancelled=job.cancelled,
+            expired=job.expired,
+        ),
+        usage=Usage(
+            prompt_tokens=job.prompt_tokens,
+            completion_tokens=job.completion_tokens,
+            reasoning_tokens=job.reasoning_tokens,
+        ),
+        metadata=job.meta or {},
+        error=(
+            ErrorInfo(code=job.error_code, message=job.error_message or "")
+            if job.error_code
+            else None
+        ),
+        stats=stats,
+    )
+
+
+def parse_job_id(raw: str) -> uuid.UUID:
+    """A job id, as a UUID or as the `batch_<hex>` the OpenAI API names the same job by."""
+    if raw.startswith(_BATCH_PREFIX):
+        digits = raw[len(_BATCH_PREFIX) :]
+        if len(digits) != 32 or digits.strip("0123456789abcdef"):
+            raise NotFound(raw)
+        return uuid.UUID(digits)
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise NotFound(raw) from None
+
+
+def parse_item_status(raw: str | None) -> ItemStatus | None:
+    if not raw:
+        return None
+    try:
+        return ItemStatus(raw)
+    except ValueError:
+        allowed = ", ".join(s.value for s in ItemStatus)
+        raise InputError(f"status: must be one of {allowed}", param="status") from None
+
+
+def get_job(session: orm.Session, caller: Caller, job_id: uuid.UUID) -> Job:
+    """The caller's job. Another tenant's job is as absent as one that never existed."""
+    job = session.scalar(sa.select(Job).where(Job.id == job_id, Job.tenant == caller.tenant))
+    if job is None:
+        raise NotFound(str(job_id))
+    return job
+
+
+def list_jobs(
+    session: orm.Session,
+    caller: Caller,
+    *,
+    after: uuid.UUID | None,
+    limit: int,
+    batches_only: bool = False,
+) -> tuple[list[Job], bool]:
+    """A page of the caller's jobs, newest first, after the job `after`; and whether more
+    follow. `batches_only`: only the jobs made through the OpenAI Batch API."""
+    query = sa.select(Job).where(Job.tenant == caller.tenant)
+    if batches_only:
+        query = query.where(Job.endpoint.is_not(None))
+    if after is not None:
+        anchor = session.scalar(sa.select(Job).where(Job.id == after, Job.tenant == caller.tenant))
+        if anchor is None:
+            raise InputError(f"after: no job {str(after)!r}", param="after")
+        query = query.where(
+            sa.tuple_(Job.created_at, Job.id) < sa.tuple_(anchor.created_at, anchor.id)
+        )
+    found = list(
+        session.scalars(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1))
+    )
+    return found[:limit], len(found) > limit
+
+
+def job_page(jobs: list[Job], has_more: bool) -> JobPage:
+    return JobPage(
+        data=[job_out(j) for j in jobs],
+        has_more=has_more,
+        last_id=jobs[-1].id if jobs else None,
+    )
+
+
+def items_page(
+    session: orm.Session,
+    caller: Caller,
+    job_id: uuid.UUID,
+    *,
+    status: ItemStatus | None,
+    after: str | None,
+    limit: int,
+    include_thinking: bool = True,
+) -> ItemPage:
+    get_job(session, caller, job_id)
+    select = results.query(job_id, status=status, include_thinking=include_thinking)
+    if after:
+        seq = session.scalar(
+            sa.select(Item.seq).where(Item.job_id == job_id, Item.custom_id == after)
+        )
+        if seq is None:
+            raise InputError(f"after: no item with custom_id {after!r}", param="after")
+        select = select.where(Item.seq > seq)
+    rows = [results.row(r) for r in session.execute(select.limit(limit + 1))]
+    page = rows[:limit]
+    return ItemPage(
+        data=[r.item_out() for r in page],
+        has_more=len(rows) > limit,
+        last_id=page[-1].custom_id if page else None,
+    )
+
+
+def jsonl(rows: Iterator[results.ResultRow], batch: int = 1000) -> Iterator[bytes]:
+    """Item records as JSON lines, in chunks of `batch` lines."""
+    buffer: list[bytes] = []
+    for r in rows:
+        buffer.append(r.item_out().model_dump_json().encode() + b"\n")
+        if len(buffer) >= batch:
+            yield b"".join(buffer)
+            buffer.clear()
+    if buffer:
+        yield b"".join(buffer)
+
+
+def finished_times(session: orm.Session, job_id: uuid.UUID) -> list[datetime]:
+    """When each of the job's finished items finished, in order (the dashboard's timeline)."""
+    return [
+        t
+        for t in session.scalars(
+            sa.select(Item.finished_at)
+            .where(Item.job_id == job_id, Item.finished_at.is_not(None))
+            .order_by(Item.finished_at)
+        )
+        if t is not None
+    ]

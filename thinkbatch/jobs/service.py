@@ -1,0 +1,387 @@
+"""The job service's front door: submit, read, list, page, stream and cancel jobs. The REST API,
+the OpenAI facade (thinkbatch/openai), the dashboard and the tools all go through it.
+
+A submission is stored in one transaction (the job row, every item by COPY, the job's settings)
+and any invalid item stores nothing; once it commits, a hint goes to Redis and is recorded.
+Every submission may carry an idempotency key: the same key with the same request answers the
+job it made (a client retrying after a lost response gets that job, never a second one), and
+with another request is a 400. A submission's writes go through the ledger, like every write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC
+from datetime import datetime
+from datetime import timedelta
+from typing import IO
+from typing import Any
+
+import sqlalchemy as sa
+from celery import Celery
+from sqlalchemy import orm
+
+from thinkbatch import ledger
+from thinkbatch.db import make_sessionmaker
+from thinkbatch.errors import Conflict
+from thinkbatch.errors import InputError
+from thinkbatch.errors import NotFound
+from thinkbatch.guard import Limits
+from thinkbatch.guard import read_body
+from thinkbatch.jobs import create
+from thinkbatch.jobs import quotas
+from thinkbatch.jobs import read
+from thinkbatch.jobs import results
+from thinkbatch.jobs import stats
+from thinkbatch.jobs.context import for_model
+from thinkbatch.jobs.wire import ItemIn
+from thinkbatch.jobs.wire import ItemPage
+from thinkbatch.jobs.wire import JobHeader
+from thinkbatch.jobs.wire import JobOut
+from thinkbatch.jobs.wire import JobPage
+from thinkbatch.keys import Caller
+from thinkbatch.ledger.submits import NewJob
+from thinkbatch.models import ItemStatus
+from thinkbatch.models import Job
+from thinkbatch.models import JobStatus
+from thinkbatch.queue import publish_job
+from thinkbatch.settings import Settings
+
+_DIGEST_CHUNK = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job: Job
+    replayed: bool  # the job an earlier request with the same idempotency key made
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a batch of the OpenAI API came from (stored on its job, shown by that API)."""
+
+    endpoint: str
+    input_file_id: uuid.UUID
+    completion_window_text: str
+    output_expires_after_s: int | None = None
+
+
+ItemErrors = Callable[[int, InputError], None]
+
+
+def digest_of(*parts: bytes) -> bytes:
+    return hashlib.sha256(b"\0".join(parts)).digest()
+
+
+class JobService:
+    """`celery` None: jobs are stored without a hint (an in-process caller such as a benchmark
+    that drives workers itself); the sweeper hints them once they go stale."""
+
+    def __init__(self, settings: Settings, engine: sa.Engine, celery: Celery | None):
+        self.settings = settings
+        self.engine = engine
+        self.celery = celery
+        self.sessions = make_sessionmaker(engine)
+
+    # --- submit ------------------------------------------------------------------------------
+
+    def submit_stream(
+        self, caller: Caller, body: IO[bytes], *, idempotency_key: str | None = None
+    ) -> Submitted:
+        """A job from a JSON request body, validated as it streams (thinkbatch/guard.py): the
+        items are copied as they are read, and the job's fields may come after them. The body
+        must be seekable when an idempotency key is given (its digest is read first)."""
+        digest = None
+        if idempotency_key is not None:
+            hashed = hashlib.sha256()
+            while chunk := body.read(_DIGEST_CHUNK):
+                hashed.update(chunk)
+            body.seek(0)
+            digest = hashed.digest()
+
+        def fill(conn: sa.Connection, rows: create.ItemRows) -> JobHeader:
+            fields: dict[str, object] = {}
+            saw_items = False
+
+            def stream() -> Iterator[tuple[object, ...]]:
+                nonlocal saw_items
+                for kind, value in read_body(body, Limits.of(self.settings)):
+                    if kind == "field":
+                        key, raw = value
+                        fields[key] = raw
+                    elif kind == "items":
+                        saw_items = True
+                    else:
+                        yield rows.row(rows.count, create.parse_item(rows.count, value))
+
+            try:
+                ledger.copy_items(conn, stream())
+                if not saw_items:
+                    create.parse_header(fields)  # a bad header field is the better message
+                    raise InputError("items: Field required", param="items", code="missing")
+                if rows.count == 0:
+                    raise InputError(
+                        "items: List should have at least 1 item after validation, not 0",
+                        param="items",
+                        code="too_short",
+                    )
+                return create.parse_header(fields)
+            except InputError as error:
+                raise create.out_of_range(error, self.settings) from None
+
+        return self._store(caller, fill, key=idempotency_key, digest=digest)
+
+    def submit(
+        self,
+        caller: Caller,
+        items: Iterable[ItemIn],
+        header: JobHeader,
+        *,
+        origin: Origin | None = None,
+        idempotency_key: str | None = None,
+        digest: bytes | None = None,
+        item_errors: ItemErrors | None = None,
+        refused: Callable[[], bool] | None = None,
+    ) -> Submitted:
+        """A job of `items` (read inside the storing transaction: an iterator is consumed as
+        the items are copied). With `item_errors`, an item that fails its checks is reported
+        there (with its index among `items`) and not stored, and the others are; once
+        `refused()` says the submission will be refused as a whole (the caller's iterator then
+        raises when it ends), the items are still checked but no longer written."""
+        create.check_header(header, self.settings)
+
+        def fill(conn: sa.Connection, rows: create.ItemRows) -> JobHeader:
+            def stream() -> Iterator[tuple[object, ...]]:
+                for index, item in enumerate(items):
+                    try:
+                        row = rows.row(index, item)
+                    except InputError as error:
+                        if item_errors is None:
+                            raise
+                        item_errors(index, error)
+                        continue
+                    if refused is None or not refused():
+                        yield row
+
+            ledger.copy_items(conn, stream())
+            return header
+
+        return self._store(caller, fill, key=idempotency_key, digest=digest, origin=origin)
+
+    def record_refused(
+        self,
+        caller: Caller,
+        header: JobHeader,
+        errors: list[dict[str, Any]],
+        *,
+        origin: Origin,
+        idempotency_key: str | None = None,
+        digest: bytes | None = None,
+    ) -> Submitted:
+        """A submission refused for what its input holds (a batch file with bad lines), stored
+        `failed` with the errors and no item, so that it can be shown and retried by key."""
+        with self.sessions() as session, session.begin():
+            conn = session.connection()
+            ledger.lock_tenant(conn, caller.tenant)
+            found = self._replay(session, caller, idempotency_key, digest)
+            if found is not None:
+                return found
+            job = self._new_job(caller, idempotency_key, digest, origin, header)
+            ledger.insert_refused_job(conn, job, errors=errors, metadata=header.metadata)
+        return Submitted(self._load(job.id), replayed=False)
+
+    def _store(
+        self,
+        caller: Caller,
+        fill: Callable[[sa.Connection, create.ItemRows], JobHeader],
+        *,
+        key: str | None,
+        digest: bytes | None,
+        origin: Origin | None = None,
+    ) -> Submitted:
+        settings = self.settings
+        with self.sessions() as session, session.begin():
+            conn = session.connection()
+            # The tenant's submissions are serialized from here to the commit, so that its
+            # quotas and keys hold under parallel submits; the cheap checks come first.
+            ledger.lock_tenant(conn, caller.tenant)
+            found = self._replay(session, caller, key, digest)
+            if found is not None:
+                return found
+            quotas.check_submission_rate(conn, caller.tenant, settings)
+            quotas.check_unfinished_items(conn, caller.tenant, 1, settings)
+            job = self._new_job(caller, key, digest, origin, None)
+            ledger.insert_job(conn, job)
+            context = for_model(conn, job.model, dead_after_s=settings.worker_dead_after_s)
+            rows = create.ItemRows(job.id, settings, context)
+            header = fill(conn, rows)
+            create.check_header(header, settings)
+            rows.finish(header)
+            total = ledger.stored_items(conn, job.id)
+            quotas.check_unfinished_items(conn, caller.tenant, total, settings, exclude=job.id)
+            window = header.completion_window or settings.default_completion_window_s
+            ledger.settle_job(
+                conn,
+                job.id,
+                params=header.params.overrides(),
+                metadata=header.metadata,
+                priority=header.priority,
+                expires_at=job.created_at + timedelta(seconds=window),
+            )
+        self._hint(job.id, total)
+        return Submitted(self._load(job.id), replayed=False)
+
+    def _new_job(
+        self,
+        caller: Caller,
+        key: str | None,
+        digest: bytes | None,
+        origin: Origin | None,
+        header: JobHeader | None,
+    ) -> NewJob:
+        now = datetime.now(UTC)
+        window = (header.completion_window if header else None) or (
+            self.settings.default_completion_window_s
+        )
+        return NewJob(
+            id=uuid.uuid4(),
+            tenant=caller.tenant,
+            model=self.settings.model_name,
+            created_at=now,
+            expires_at=now + timedelta(seconds=window),
+            idempotency_key=key,
+            request_digest=digest,
+            endpoint=origin.endpoint if origin else None,
+            input_file_id=origin.input_file_id if origin else None,
+            completion_window_text=origin.completion_window_text if origin else None,
+            output_expires_after_s=origin.output_expires_after_s if origin else None,
+        )
+
+    def _replay(
+        self, session: orm.Session, caller: Caller, key: str | None, digest: bytes | None
+    ) -> Submitted | None:
+        """The job this key already made: this request again, or a 400 for another one."""
+        if key is None:
+            return None
+        found = ledger.find_by_key(session.connection(), caller.tenant, key)
+        if found is None:
+            return None
+        job_id, made_from = found
+        if made_from is not None and made_from != digest:
+            raise InputError(
+                "Idempotency-Key: already used for a different request",
+                param="Idempotency-Key",
+                code="idempotency_key_reused",
+            )
+        return Submitted(self._load(job_id, session), replayed=True)
+
+    def _hint(self, job_id: uuid.UUID, items: int) -> None:
+        """After the commit, so that a worker finds the rows. If Redis is down the job still
+        stands: the sweeper enqueues it once Redis is back."""
+        if self.celery is None:
+            return
+        copies = create.fanout(items, self.settings)
+        if publish_job(self.celery, job_id, copies=copies):
+            with self.engine.begin() as conn:
+                ledger.mark_hinted(conn, job_id)
+
+    def _load(self, job_id: uuid.UUID, session: orm.Session | None = None) -> Job:
+        if session is not None:
+            job = session.get(Job, job_id, populate_existing=True)
+            assert job is not None
+            return job
+        with self.sessions() as fresh:
+            job = fresh.get(Job, job_id)
+            assert job is not None
+            return job
+
+    # --- read ----------------------------------------------------------------------------------
+
+    def get(self, caller: Caller, job_id: uuid.UUID) -> Job:
+        with self.sessions() as session:
+            return read.get_job(session, caller, job_id)
+
+    def status(self, caller: Caller, job_id: uuid.UUID) -> JobOut:
+        """The job with its thinking statistics (stats.py)."""
+        with self.sessions() as session:
+            job = read.get_job(session, caller, job_id)
+            return read.job_out(job, stats.job_stats(session, job))
+
+    def list_jobs(
+        self,
+        caller: Caller,
+        *,
+        after: uuid.UUID | None,
+        limit: int,
+        batches_only: bool = False,
+    ) -> tuple[list[Job], bool]:
+        with self.sessions() as session:
+            return read.list_jobs(
+                session, caller, after=after, limit=limit, batches_only=batches_only
+            )
+
+    def page(self, caller: Caller, *, after: uuid.UUID | None, limit: int) -> JobPage:
+        jobs, more = self.list_jobs(caller, after=after, limit=limit)
+        return read.job_page(jobs, more)
+
+    def items(
+        self,
+        caller: Caller,
+        job_id: uuid.UUID,
+        *,
+        status: ItemStatus | None = None,
+        after: str | None = None,
+        limit: int = 100,
+        include_thinking: bool = True,
+    ) -> ItemPage:
+        with self.sessions() as session:
+            return read.items_page(
+                session,
+                caller,
+                job_id,
+                status=status,
+                after=after,
+                limit=limit,
+                include_thinking=include_thinking,
+            )
+
+    def results(
+        self,
+        caller: Caller,
+        job_id: uuid.UUID,
+        *,
+        status: ItemStatus | None = None,
+        include_thinking: bool = True,
+    ) -> Iterator[bytes]:
+        """Every item record as JSON lines, in submission order. The job's ownership is checked
+        here, before the first line (NotFound otherwise)."""
+        self.get(caller, job_id)
+        rows = results.of_job(self.engine, job_id, status=status, include_thinking=include_thinking)
+        return read.jsonl(rows)
+
+    def finished_times(self, caller: Caller, job_id: uuid.UUID) -> list[datetime]:
+        with self.sessions() as session:
+            read.get_job(session, caller, job_id)
+            return read.finished_times(session, job_id)
+
+    # --- cancel ------------------------------------------------------------------------------
+
+    def cancel(self, caller: Caller, job_id: uuid.UUID) -> Job:
+        """Pending items end at once, running ones are aborted by their workers. Cancelling
+        twice while the first is under way is fine; a finished job is a Conflict."""
+        with self.sessions() as session, session.begin():
+            read.get_job(session, caller, job_id)
+            outcome = ledger.cancel_job(session.connection(), job_id)
+            if outcome is None:
+                raise NotFound(str(job_id))
+            changed, status = outcome
+            if not changed and status != JobStatus.cancelling:
+                raise Conflict(
+                    f"job {job_id} is already {status}; only queued or running jobs cancel"
+                )
+        return self._load(job_id)

@@ -1,0 +1,135 @@
+"""A submission's writes: the job row, its items by COPY, and the job's settings once every
+item is in (a streamed body may give them last). All in the caller's transaction, under the
+tenant's advisory lock (`lock_tenant`), which serializes a tenant's own submissions so that its
+quotas and its idempotency keys hold under parallel submits."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
+
+from thinkbatch.models import Job
+
+_COPY_ITEMS = "COPY items (job_id, seq, custom_id, messages, prompt, params, status) FROM STDIN"
+
+
+def lock_tenant(conn: sa.Connection, tenant: str) -> None:
+    """Until the transaction ends, this tenant's other submissions wait here."""
+    conn.execute(
+        sa.text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+        {"key": f"thinkbatch-tenant:{tenant}"},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """The job row a submission starts with."""
+
+    id: uuid.UUID
+    tenant: str
+    model: str
+    created_at: datetime
+    expires_at: datetime
+    idempotency_key: str | None = None
+    request_digest: bytes | None = None
+    # Set for a batch of the OpenAI API (thinkbatch/openai): where it came from.
+    endpoint: str | None = None
+    input_file_id: uuid.UUID | None = None
+    completion_window_text: str | None = None
+    output_expires_after_s: int | None = None
+
+
+def insert_job(conn: sa.Connection, job: NewJob) -> None:
+    conn.execute(
+        sa.insert(Job).values(
+            id=job.id,
+            tenant=job.tenant,
+            status="queued",
+            model=job.model,
+            params={},
+            meta={},
+            created_at=job.created_at,
+            expires_at=job.expires_at,
+            idempotency_key=job.idempotency_key,
+            request_digest=job.request_digest,
+            endpoint=job.endpoint,
+            input_file_id=job.input_file_id,
+            completion_window_text=job.completion_window_text,
+            output_expires_after_s=job.output_expires_after_s,
+        )
+    )
+
+
+def copy_items(conn: sa.Connection, rows: Iterator[tuple[object, ...]]) -> None:
+    """Write the rows (job_id, seq, custom_id, messages, prompt, params, status) as they come:
+    COPY streams them, so the submission's memory does not grow with its size."""
+    driver = conn.connection.driver_connection
+    assert driver is not None
+    with driver.cursor() as cursor, cursor.copy(_COPY_ITEMS) as copy:
+        for row in rows:
+            copy.write_row(row)
+
+
+def stored_items(conn: sa.Connection, job_id: uuid.UUID) -> int:
+    """Items stored for the job so far in this transaction (its count, kept by the trigger)."""
+    return int(conn.execute(sa.select(Job.total).where(Job.id == job_id)).scalar_one())
+
+
+def settle_job(
+    conn: sa.Connection,
+    job_id: uuid.UUID,
+    *,
+    params: dict[str, Any],
+    metadata: dict[str, str] | None,
+    priority: int,
+    expires_at: datetime,
+) -> None:
+    """The job's settings, once its items are stored."""
+    conn.execute(
+        sa.update(Job)
+        .where(Job.id == job_id)
+        .values(
+            params=params,
+            meta=sa.cast(metadata, JSONB) if metadata is not None else sa.null(),
+            priority=priority,
+            expires_at=expires_at,
+        )
+    )
+
+
+def insert_refused_job(
+    conn: sa.Connection, job: NewJob, *, errors: list[dict[str, Any]], metadata: Any
+) -> None:
+    """A submission refused as a whole for what its input holds (a batch whose file has bad
+    lines): stored `failed`, with the errors and no items, so that it can be shown."""
+    insert_job(conn, job)
+    conn.execute(
+        sa.update(Job)
+        .where(Job.id == job.id)
+        .values(
+            status="failed",
+            finished_at=sa.func.now(),
+            error_code="invalid_input_file",
+            error_message=f"{len(errors)} line(s) of the input file are invalid",
+            batch_errors=errors,
+            meta=sa.cast(metadata, JSONB) if metadata is not None else sa.null(),
+        )
+    )
+
+
+def find_by_key(
+    conn: sa.Connection, tenant: str, key: str
+) -> tuple[uuid.UUID, bytes | None] | None:
+    """The job a tenant's idempotency key made, with the digest of the request that made it."""
+    row = conn.execute(
+        sa.select(Job.id, Job.request_digest).where(
+            Job.tenant == tenant, Job.idempotency_key == key
+        )
+    ).first()
+    return (row.id, row.request_digest) if row is not None else None
