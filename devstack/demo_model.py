@@ -1,8 +1,8 @@
 """The tiny demo model for the demo, the benchmark and the tests.
 
 The worker knows nothing of it: it serves whatever THINKBATCH_MODEL names. The dev stack builds
-the checkpoint (devstack/tiny_model.py, once; cached) and hands its directory to the worker as the model,
-under the served name `thinkbatch-demo` that jobs ask for.
+the checkpoint (devstack/tiny_model.py, once; cached) and hands its directory to the worker as
+the model, under the served name `thinkbatch-demo` that jobs ask for.
 """
 
 from __future__ import annotations
