@@ -32,7 +32,7 @@ CMD ["gunicorn", "-c", "api/gunicorn.conf.py", "api.asgi:app"]
 #   warm-up and has no fallback: a runtime-only CUDA image has no nvcc.
 # So: NVIDIA's devel image at the CUDA version the pinned torch is built for (the `gpu` extra's
 # vLLM pins a torch whose PyPI wheels use CUDA 13.0: cuda-toolkit 13.0.x in locks/worker-gpu.txt,
-# which tests/test_deploy.py checks against this tag), plus gcc and the Python headers. vLLM's own
+# which tests/unit/test_deploy.py checks against this tag), plus gcc and the Python headers. vLLM's own
 # release image uses the same kind of base for the same reason. The alternative, switching
 # FlashInfer's sampler off (VLLM_USE_FLASHINFER_SAMPLER=0) and keeping a slim image, still needs
 # gcc for Triton and costs sampling speed; it is not taken.

@@ -55,7 +55,7 @@ TABLES = list(reversed(Base.metadata.sorted_tables))
 # Fixtures kept in modules of their own, next to the helpers they use.
 pytest_plugins = ["tests.runner_harness"]
 
-# The fuzzing (tests/test_openapi.py) takes hypothesis's default 100 examples per operation and
+# The fuzzing (tests/api/test_openapi.py) takes hypothesis's default 100 examples per operation and
 # mode; `make check`, the edit loop, passes --hypothesis-profile=check for a fifth of them.
 hypothesis.settings.register_profile("check", max_examples=20)
 

@@ -1,22 +1,38 @@
-"""Real process stacks for the end-to-end and chaos tests: gunicorn API + Celery workers."""
+"""Real process stacks for the stack, end-to-end and chaos tests: gunicorn API, Celery workers
+and Flower. `running_stack` is the one way a test module gets one: a database of its own
+(created afresh and migrated), a Redis database of its own (handed out, never picked by hand),
+the processes it asks for, and all of it stopped and closed afterwards."""
 
 from __future__ import annotations
 
+import itertools
 import secrets
+import threading
 import time
+from collections.abc import Iterator
+from collections.abc import Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
+import redis
 import sqlalchemy as sa
 
 from devstack import demo_model
 from devstack.demo_model import DEMO_MODEL
 from devstack.demo_model import demo_model_env
 from devstack.stack import CPU_ENGINE_DEFAULTS
+from devstack.stack import Proc
 from devstack.stack import Stack
 from devstack.tiny_model import DEFAULT_DIR
 from tests.helpers import TENANT
+from tests.helpers import Servers
+from tests.helpers import database_name
+from tests.helpers import recreate_database
+from thinkbatch.db import migrate
 from thinkbatch.keys import issue_key
 
 # The real engine on this CPU: the tiny demo Qwen3 (its checkpoint, served as thinkbatch-demo;
@@ -53,6 +69,27 @@ def build_demo_model() -> None:
 def redis_db(url: str, db: int) -> str:
     base = url.rsplit("/", 1)[0] if url.count("/") > 2 else url
     return f"{base}/{db}"
+
+
+class _RedisDatabases:
+    """Redis database numbers for stacks, one after the other (Redis has 0-15), never the
+    tests' own database: a stack flushes what it is handed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._numbers = itertools.cycle(range(16))
+
+    def take(self, tests_url: str) -> str:
+        own = int(urlsplit(tests_url).path.strip("/") or 0)
+        with self._lock:
+            number = next(n for n in self._numbers if n != own)
+        url = redis_db(tests_url, number)
+        with redis.Redis.from_url(url) as client:
+            client.flushdb()
+        return url
+
+
+REDIS_DATABASES = _RedisDatabases()
 
 
 def api_key(database_url: str, tenant: str = TENANT) -> str:
@@ -136,3 +173,52 @@ def make_stack(log_dir: Path, database_url: str, redis_url: str, **env: str) -> 
 
 def engine_for(url: str) -> sa.Engine:
     return sa.create_engine(url, pool_pre_ping=True)
+
+
+@dataclass
+class RunningStack:
+    stack: Stack
+    database_url: str
+    broker: str
+    db: sa.Engine
+    api: Proc | None
+    flower: Proc | None
+
+    @property
+    def base_url(self) -> str:
+        assert self.api is not None and self.api.port is not None
+        return f"http://127.0.0.1:{self.api.port}"
+
+    def key(self, tenant: str = TENANT) -> str:
+        return api_key(self.database_url, tenant)
+
+
+@contextmanager
+def running_stack(
+    servers: Servers,
+    log_dir: Path,
+    name: str,
+    *,
+    api: bool = True,
+    workers: Sequence[str] = ("worker",),
+    flower: bool = False,
+    worker_env: dict[str, str] | None = None,
+    **env: str,
+) -> Iterator[RunningStack]:
+    """A stack on a database named after `name` and a Redis database of its own: the API
+    (unless `api` is false), a worker per name in `workers` (waited for), and Flower behind
+    FLOWER_AUTH if asked. `env` sets THINKBATCH_ variables of every process (make_stack)."""
+    url = recreate_database(servers.postgres_admin_url, database_name(name))
+    migrate(url)
+    broker = REDIS_DATABASES.take(servers.redis_url)
+    stack = make_stack(log_dir, url, broker, **env)
+    db = engine_for(url)
+    try:
+        api_proc = stack.start_api() if api else None
+        flower_proc = stack.start_flower(FLOWER_AUTH) if flower else None
+        for worker in workers:
+            stack.start_worker(worker, env=worker_env)
+        yield RunningStack(stack, url, broker, db, api_proc, flower_proc)
+    finally:
+        stack.stop_all()
+        db.dispose()

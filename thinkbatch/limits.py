@@ -1,6 +1,6 @@
 """The one table of sampling limits: what the API accepts for each sampling parameter.
 
-`SamplingParamsIn` (schemas) is built from this table, and tests/test_sampling_limits.py checks
+`SamplingParamsIn` (schemas) is built from this table, and tests/unit/test_sampling_limits.py checks
 every bound against vLLM's own `SamplingParams` at the boundary (just inside, just outside), so
 the API cannot accept a value the engine would refuse, or silently change. A bound marked
 `engine` is vLLM's rule (`SamplingParams._verify_args`); one marked `api` is ours, stricter than

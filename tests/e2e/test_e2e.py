@@ -17,18 +17,13 @@ import sqlalchemy as sa
 from devstack.services import free_port
 from tests.helpers import Servers
 from tests.helpers import check_invariants
-from tests.helpers import database_name
-from tests.helpers import recreate_database
 from tests.helpers import wait_until
 from tests.stacks import FAST_RECOVERY_ENV
 from tests.stacks import FLOWER_AUTH
 from tests.stacks import VLLM_ENV
 from tests.stacks import Client
-from tests.stacks import api_key
 from tests.stacks import build_demo_model
-from tests.stacks import make_stack
-from tests.stacks import redis_db
-from thinkbatch.db import migrate
+from tests.stacks import running_stack
 
 pytestmark = pytest.mark.e2e
 WORKER_METRICS_PORT = free_port()
@@ -63,24 +58,15 @@ def e2e(
     servers: Servers, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Client, sa.Engine, str, int | None]]:
     build_demo_model()
-    url = recreate_database(servers.postgres_admin_url, database_name("e2e"))
-    migrate(url)
-    broker = redis_db(servers.redis_url, 11)
-    redis.Redis.from_url(broker).flushdb()
-    stack = make_stack(tmp_path_factory.mktemp("e2e"), url, broker, **VLLM_ENV, **FAST_RECOVERY_ENV)
-    db = sa.create_engine(url)
-    try:
-        api = stack.start_api()
-        flower = stack.start_flower(FLOWER_AUTH)
-        stack.start_worker(
-            "worker", env={"THINKBATCH_WORKER_METRICS_PORT": str(WORKER_METRICS_PORT)}
-        )
-        assert api.port is not None
-        with Client(api.port, api_key(url)) as client:
-            yield client, db, broker, flower.port
-    finally:
-        stack.stop_all()
-        db.dispose()
+    with running_stack(
+        servers, tmp_path_factory.mktemp("e2e"), "e2e", flower=True,
+        worker_env={"THINKBATCH_WORKER_METRICS_PORT": str(WORKER_METRICS_PORT)},
+        **VLLM_ENV, **FAST_RECOVERY_ENV,
+    ) as running:  # fmt: skip
+        assert running.api is not None and running.api.port is not None
+        assert running.flower is not None
+        with Client(running.api.port, running.key()) as client:
+            yield client, running.db, running.broker, running.flower.port
 
 
 def prompt_tokens(item: dict[str, Any]) -> int:

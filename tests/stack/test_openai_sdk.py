@@ -19,7 +19,6 @@ import httpx
 import httpx2
 import openai
 import pytest
-import redis
 import sqlalchemy as sa
 from openai import OpenAI
 from openai.types import Batch
@@ -28,13 +27,9 @@ from openai.types.chat import ChatCompletion
 
 from tests.helpers import ROOT
 from tests.helpers import Servers
-from tests.helpers import database_name
-from tests.helpers import recreate_database
 from tests.stacks import FAST_RECOVERY_ENV
 from tests.stacks import api_key
-from tests.stacks import make_stack
-from tests.stacks import redis_db
-from thinkbatch.db import migrate
+from tests.stacks import running_stack
 
 pytestmark = pytest.mark.slow  # real processes: left out of make check
 
@@ -58,30 +53,21 @@ class Env:
 
 @pytest.fixture(scope="module")
 def env(servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    url = recreate_database(servers.postgres_admin_url, database_name("openai_sdk"))
-    migrate(url)
-    broker = redis_db(servers.redis_url, 4)
-    redis.Redis.from_url(broker).flushdb()
-    stack = make_stack(
+    with running_stack(
+        servers,
         tmp_path_factory.mktemp("openai"),
-        url,
-        broker,
+        "openai_sdk",
         THINKBATCH_ENGINE="fake",
         THINKBATCH_MODEL=MODEL,
         THINKBATCH_BATCH_HOUR_S=str(HOUR_S),
         THINKBATCH_MAX_MODEL_LEN="1024",
         **FAST_RECOVERY_ENV,
-    )
-    try:
-        api = stack.start_api()
-        stack.start_worker("worker")
-        env = Env(f"http://127.0.0.1:{api.port}", api_key(url), url)
+    ) as running:
+        env = Env(running.base_url, running.key(), running.database_url)
         yield env
         env.sdk.close()
         env.http.close()
         env.db.dispose()
-    finally:
-        stack.stop_all()
 
 
 def chat_line(custom_id: str, text: str, *, think: bool | None = None, **body: Any) -> dict:

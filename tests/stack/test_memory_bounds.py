@@ -14,11 +14,9 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-import sqlalchemy as sa
 
-from devstack.stack import Stack
-from tests.helpers import TENANT
-from tests.helpers import make_key
+from tests.helpers import Servers
+from tests.stacks import running_stack
 from thinkbatch.settings import Settings
 
 pytestmark = pytest.mark.slow  # a real server and 2 x 64 MiB of requests
@@ -58,22 +56,13 @@ def _items(limit: int) -> Iterator[dict[str, object]]:
 
 
 def test_the_largest_body_and_file_cost_one_item_of_memory(
-    settings: Settings, db: sa.Engine, tmp_path: Path
+    servers: Servers, tmp_path: Path
 ) -> None:
-    stack = Stack(
-        {
-            "THINKBATCH_DATABASE_URL": settings.require_database_url(),
-            "THINKBATCH_REDIS_URL": settings.require_redis_url(),
-            "THINKBATCH_API_WORKERS": "1",
-            "THINKBATCH_MODEL": "thinkbatch-demo",
-        },
-        tmp_path,
-    )
-    api = stack.start_api()
-    try:
-        [worker] = psutil.Process(api.pid).children()
-        base = f"http://127.0.0.1:{api.port}"
-        auth = {"Authorization": f"Bearer {make_key(db, TENANT)}"}
+    with running_stack(servers, tmp_path, "memory", workers=(), THINKBATCH_API_WORKERS="1") as api:
+        assert api.api is not None
+        [worker] = psutil.Process(api.api.pid).children()
+        base = api.base_url
+        auth = {"Authorization": f"Bearer {api.key()}"}
         with httpx.Client(base_url=base, headers=auth, timeout=600) as http:
             warm = http.post("/v1/jobs", json={"items": [{"prompt": "warm"}]})
             assert warm.status_code == 201, warm.text
@@ -109,8 +98,6 @@ def test_the_largest_body_and_file_cost_one_item_of_memory(
             )  # fmt: skip
             assert batch.json()["status"] == "in_progress", batch.json()
             after_file = _peak(worker.pid)
-    finally:
-        stack.stop_all()
     growth = max(after_body, after_file) - at_rest
     print(
         f"API process peak: {at_rest / MIB:.0f} MiB at rest, +{(after_body - at_rest) / MIB:.0f}"

@@ -11,8 +11,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
-import sqlalchemy as sa
 from kombu import Connection
 from kombu import Exchange
 from kombu import Producer
@@ -20,17 +18,12 @@ from kombu import Producer
 from devstack.stack import Proc
 from devstack.stack import Stack
 from tests.helpers import Servers
-from tests.helpers import database_name
-from tests.helpers import recreate_database
 from tests.stacks import FAST_RECOVERY_ENV
 from tests.stacks import FLOWER_AUTH
 from tests.stacks import Client
-from tests.stacks import api_key
-from tests.stacks import make_stack
-from tests.stacks import redis_db
-from thinkbatch.db import migrate
+from tests.stacks import running_stack
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.slow  # real processes, the fake engine
 
 
 class Boom:
@@ -47,28 +40,20 @@ class Boom:
 def fake_stack(
     servers: Servers, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Stack, Proc, Proc, Client, str]]:
-    url = recreate_database(servers.postgres_admin_url, database_name("security"))
-    migrate(url)
-    broker = redis_db(servers.redis_url, 12)
-    redis.Redis.from_url(broker).flushdb()
-    stack = make_stack(
+    with running_stack(
+        servers,
         tmp_path_factory.mktemp("security"),
-        url,
-        broker,
+        "security",
+        flower=True,
         THINKBATCH_ENGINE="fake",
         THINKBATCH_MODEL="thinkbatch-demo",
         **FAST_RECOVERY_ENV,
-    )
-    try:
-        api = stack.start_api()
-        flower = stack.start_flower(FLOWER_AUTH)
-        worker = stack.start_worker("worker")
-        assert api.port is not None
-        with Client(api.port, api_key(url)) as client:
-            yield stack, worker, flower, client, broker
-    finally:
-        stack.stop_all()
-        sa.create_engine(url).dispose()
+    ) as running:
+        stack, api, flower = running.stack, running.api, running.flower
+        worker = next(p for p in stack.procs if p.name == "worker")
+        assert api is not None and api.port is not None and flower is not None
+        with Client(api.port, running.key()) as client:
+            yield stack, worker, flower, client, running.broker
 
 
 def test_a_pickled_message_is_refused_and_the_worker_lives_on(

@@ -10,20 +10,14 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-import redis
 from openai import OpenAI
 from openai.types.chat import ChatCompletion
 
 from tests.helpers import Servers
-from tests.helpers import database_name
-from tests.helpers import recreate_database
 from tests.stacks import FAST_RECOVERY_ENV
 from tests.stacks import VLLM_ENV
-from tests.stacks import api_key
 from tests.stacks import build_demo_model
-from tests.stacks import make_stack
-from tests.stacks import redis_db
-from thinkbatch.db import migrate
+from tests.stacks import running_stack
 
 pytestmark = pytest.mark.e2e
 CHAT = "/v1/chat/completions"
@@ -34,18 +28,11 @@ def stack_url(
     servers: Servers, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, str]]:
     build_demo_model()
-    url = recreate_database(servers.postgres_admin_url, database_name("openai_vllm"))
-    migrate(url)
-    broker = redis_db(servers.redis_url, 5)
-    redis.Redis.from_url(broker).flushdb()
-    stack = make_stack(tmp_path_factory.mktemp("openai-vllm"), url, broker, **VLLM_ENV,
-                       **FAST_RECOVERY_ENV)  # fmt: skip
-    try:
-        api = stack.start_api()
-        stack.start_worker("worker")
-        yield f"http://127.0.0.1:{api.port}", api_key(url)
-    finally:
-        stack.stop_all()
+    with running_stack(
+        servers, tmp_path_factory.mktemp("openai-vllm"), "openai_vllm", **VLLM_ENV,
+        **FAST_RECOVERY_ENV,
+    ) as running:  # fmt: skip
+        yield running.base_url, running.key()
 
 
 def test_chat_batch_on_vllm(stack_url: tuple[str, str], request: pytest.FixtureRequest) -> None:

@@ -16,15 +16,12 @@ import sqlalchemy as sa
 
 from devstack.stack import settings_env
 from tests.helpers import Servers
-from tests.helpers import database_name
 from tests.helpers import job_records
 from tests.helpers import make_settings
-from tests.helpers import recreate_database
 from tests.helpers import submit_job
 from tests.runner_harness import close_runner
 from tests.stacks import VLLM_ENV
-from tests.stacks import redis_db
-from thinkbatch.db import migrate
+from tests.stacks import running_stack
 from thinkbatch.settings import Settings
 from worker.engine import create_engine
 from worker.runner import Runner
@@ -70,12 +67,14 @@ def _quoting_items() -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def vllm_db(servers: Servers) -> Iterator[tuple[str, str, sa.Engine]]:
-    url = recreate_database(servers.postgres_admin_url, database_name("reasoning"))
-    migrate(url)
-    engine = sa.create_engine(url)
-    yield url, redis_db(servers.redis_url, 1), engine
-    engine.dispose()
+def vllm_db(
+    servers: Servers, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, str, sa.Engine]]:
+    # No process: the runner runs here, in-process, on the stack's database and Redis.
+    with running_stack(
+        servers, tmp_path_factory.mktemp("reasoning"), "reasoning", api=False, workers=()
+    ) as running:
+        yield running.database_url, running.broker, running.db
 
 
 def _settings(url: str, redis_url: str, **overrides: Any) -> Settings:

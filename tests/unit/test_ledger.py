@@ -322,10 +322,10 @@ def test_status_sets_in_sql_come_from_the_enums() -> None:
     """A list of statuses spelled out in SQL drifts when a status is added; the modules build
     theirs from the model's enums (ledger.sql_in). models.py is exempt: its partial indexes
     are DDL, checked against the migrations by test_migrations."""
-    import pathlib
     import re
 
-    root = pathlib.Path(__file__).resolve().parent.parent
+    from tests.helpers import ROOT as root
+
     spelled = re.compile(r"IN \(\s*'")
     offenders = [
         str(path.relative_to(root))

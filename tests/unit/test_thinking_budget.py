@@ -1,6 +1,6 @@
 """thinking_budget: validated at submit against the item's effective max_tokens, ignored with
 thinking off, honoured by the fake engine, and `thinking_truncated` set when it forced the close.
-The same on vLLM's CPU engine with the demo model: tests/test_reasoning_e2e.py."""
+The same on vLLM's CPU engine with the demo model: tests/e2e/test_reasoning_e2e.py."""
 
 from __future__ import annotations
 

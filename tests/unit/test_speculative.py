@@ -1,5 +1,6 @@
 """The speculative decoding figures the worker reports (worker/engine.py SpeculativeStats),
-summed from vLLM's per-step spec-decode stats. The engine itself: tests/test_reasoning_e2e.py."""
+summed from vLLM's per-step spec-decode stats. The engine itself:
+tests/e2e/test_reasoning_e2e.py."""
 
 from __future__ import annotations
 

@@ -13,24 +13,18 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 
 from devstack.services import free_port
 from tests.browser import ARTIFACTS
 from tests.browser import Browser
 from tests.browser import find_chromium
 from tests.helpers import Servers
-from tests.helpers import database_name
-from tests.helpers import recreate_database
 from tests.stacks import FAST_RECOVERY_ENV
 from tests.stacks import FLOWER_AUTH
 from tests.stacks import Client
-from tests.stacks import api_key
-from tests.stacks import make_stack
-from tests.stacks import redis_db
-from thinkbatch.db import migrate
+from tests.stacks import running_stack
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.slow  # real processes, the fake engine
 
 ITEMS = 40
 CHROMIUM = find_chromium()
@@ -38,26 +32,19 @@ CHROMIUM = find_chromium()
 
 @pytest.fixture(scope="module")
 def ops_stack(servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    url = recreate_database(servers.postgres_admin_url, database_name("ops"))
-    migrate(url)
-    broker = redis_db(servers.redis_url, 6)
-    redis.Redis.from_url(broker).flushdb()
     metrics_port = free_port()
-    stack = make_stack(
-        tmp_path_factory.mktemp("ops"), url, broker,
+    with running_stack(
+        servers, tmp_path_factory.mktemp("ops"), "ops", flower=True,
         THINKBATCH_ENGINE="fake", THINKBATCH_MODEL="thinkbatch-demo", THINKBATCH_MAX_NUM_SEQS="4",
         THINKBATCH_ENGINE_EXTRA_ARGS='{"step_s": 0.02}',
         THINKBATCH_WORKER_METRICS_PORT=str(metrics_port), **FAST_RECOVERY_ENV,
-    )  # fmt: skip
-    try:
-        api = stack.start_api()
-        flower = stack.start_flower(FLOWER_AUTH)
-        worker = stack.start_worker("worker")
-        key = api_key(url)
+    ) as running:  # fmt: skip
+        stack, api, flower = running.stack, running.api, running.flower
+        worker = next(p for p in stack.procs if p.name == "worker")
+        key = running.key()
+        assert api is not None and api.port is not None
         with Client(api.port, key) as client:
             yield stack, api, flower, worker, client, key, metrics_port
-    finally:
-        stack.stop_all()
 
 
 def _sample(text: str, name: str, **labels: str) -> float:

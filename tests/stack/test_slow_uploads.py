@@ -10,17 +10,16 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import httpx
 import pytest
 import sqlalchemy as sa
 
-from devstack.stack import Proc
-from devstack.stack import Stack
-from tests.helpers import TENANT
-from tests.helpers import make_key
-from thinkbatch.settings import Settings
+from tests.helpers import Servers
+from tests.stacks import RunningStack
+from tests.stacks import running_stack
 
 pytestmark = pytest.mark.slow  # real processes: left out of make check
 
@@ -28,26 +27,20 @@ READ_TIMEOUT_S = 3
 UPLOADS_PER_CLIENT = 4
 
 
-def _api(settings: Settings, tmp_path: Path, **env: str) -> Stack:
-    return Stack(
-        {
-            "THINKBATCH_DATABASE_URL": settings.require_database_url(),
-            "THINKBATCH_REDIS_URL": settings.require_redis_url(),
-            "THINKBATCH_REQUEST_READ_TIMEOUT_S": str(READ_TIMEOUT_S),
-            "THINKBATCH_MAX_UPLOADS_PER_CLIENT": str(UPLOADS_PER_CLIENT),
-            **env,
-        },
-        tmp_path,
-    )
+def _api(servers: Servers, tmp_path: Path, **env: str) -> AbstractContextManager[RunningStack]:
+    """The API alone (bodies are all these tests send), with a short read timeout."""
+    settings = {
+        "THINKBATCH_REQUEST_READ_TIMEOUT_S": str(READ_TIMEOUT_S),
+        "THINKBATCH_MAX_UPLOADS_PER_CLIENT": str(UPLOADS_PER_CLIENT),
+        **env,
+    }
+    return running_stack(servers, tmp_path, "slow_uploads", workers=(), **settings)
 
 
 @pytest.fixture
-def api(settings: Settings, db: sa.Engine, tmp_path: Path) -> Iterator[Proc]:
-    stack = _api(settings, tmp_path)
-    try:
-        yield stack.start_api()
-    finally:
-        stack.stop_all()
+def api(servers: Servers, tmp_path: Path) -> Iterator[RunningStack]:
+    with _api(servers, tmp_path) as running:
+        yield running
 
 
 def _body() -> bytes:
@@ -115,15 +108,19 @@ def _served_fast(base: str, auth: dict[str, str]) -> None:
     assert time.monotonic() - start < 1.0
 
 
+def _port(api: RunningStack) -> int:
+    assert api.api is not None and api.api.port is not None
+    return api.api.port
+
+
 def _jobs(db: sa.Engine) -> int:
     with db.connect() as conn:
         return int(conn.execute(sa.text("SELECT count(*) FROM jobs")).scalar_one())
 
 
-def test_stalled_uploads_do_not_block_others(api: Proc, db: sa.Engine) -> None:
-    assert api.port is not None
-    base = f"http://127.0.0.1:{api.port}"
-    key = make_key(db, TENANT)
+def test_stalled_uploads_do_not_block_others(api: RunningStack) -> None:
+    base, key, db = api.base_url, api.key(), api.db
+    port = _port(api)
     auth = {"Authorization": f"Bearer {key}"}
     for _ in range(4):  # warm: each process has its database connections (not what is measured)
         warm = httpx.post(
@@ -132,7 +129,7 @@ def test_stalled_uploads_do_not_block_others(api: Proc, db: sa.Engine) -> None:
         assert warm.status_code == 201, warm.text
     # Ten silent bodies from ten client addresses (127/8 is all loopback): the per-address cap
     # does not come into it.
-    stalled = [stall(api.port, key, source=f"127.0.1.{n + 1}") for n in range(10)]
+    stalled = [stall(port, key, source=f"127.0.1.{n + 1}") for n in range(10)]
     try:
         time.sleep(0.5)
         for _ in range(3):
@@ -150,18 +147,17 @@ def test_stalled_uploads_do_not_block_others(api: Proc, db: sa.Engine) -> None:
     assert _jobs(db) == 4 + 3  # only the complete submits were stored
 
 
-def test_fifty_trickling_clients_of_both_framings(
-    settings: Settings, db: sa.Engine, tmp_path: Path
-) -> None:
+def test_fifty_trickling_clients_of_both_framings(servers: Servers, tmp_path: Path) -> None:
     """50 clients, each from its own address, half of them chunked and half declaring a 256 MiB
     Content-Length, all sending a byte now and then: more than the API's threads (2 processes x
     API_THREADS 16). The API still answers at once, and each is cut off by the rate."""
     read_timeout = 10  # long enough to measure while all 50 hold their connections
-    stack = _api(settings, tmp_path, THINKBATCH_REQUEST_READ_TIMEOUT_S=str(read_timeout))
-    api = stack.start_api()
-    assert api.port is not None
-    base = f"http://127.0.0.1:{api.port}"
-    key = make_key(db, TENANT)
+    with _api(servers, tmp_path, THINKBATCH_REQUEST_READ_TIMEOUT_S=str(read_timeout)) as api:
+        _trickle_fifty(api, read_timeout)
+
+
+def _trickle_fifty(api: RunningStack, read_timeout: int) -> None:
+    base, key, db, port = api.base_url, api.key(), api.db, _port(api)
     auth = {"Authorization": f"Bearer {key}"}
     slow: list[tuple[socket.socket, bool]] = []
     stop = threading.Event()
@@ -178,7 +174,7 @@ def test_fifty_trickling_clients_of_both_framings(
         for n in range(50):
             chunked = n % 2 == 0
             sock = stall(
-                api.port,
+                port,
                 key,
                 chunked=chunked,
                 source=f"127.0.2.{n + 1}",
@@ -200,27 +196,27 @@ def test_fifty_trickling_clients_of_both_framings(
         assert time.monotonic() - started < read_timeout + 10
     finally:
         stop.set()
+        if feeder.is_alive():
+            feeder.join(5)  # no thread of a test outlives it
         for sock, _ in slow:
             sock.close()
-        stack.stop_all()
     assert _jobs(db) == 1 + 3
 
 
-def test_uploads_per_client_address_are_capped(
-    settings: Settings, db: sa.Engine, tmp_path: Path
-) -> None:
+def test_uploads_per_client_address_are_capped(servers: Servers, tmp_path: Path) -> None:
     """One address may send MAX_UPLOADS_PER_CLIENT bodies to a process at once; the next is
     refused at once with 429 and Retry-After, another address is not affected, and the cap
     frees up as the bodies end."""
-    stack = _api(settings, tmp_path, THINKBATCH_API_WORKERS="1")  # the cap is per process
-    api = stack.start_api()
-    assert api.port is not None
-    base = f"http://127.0.0.1:{api.port}"
-    key = make_key(db, TENANT)
-    held = [stall(api.port, key, source="127.0.3.1") for _ in range(UPLOADS_PER_CLIENT)]
+    with _api(servers, tmp_path, THINKBATCH_API_WORKERS="1") as api:  # the cap is per process
+        _capped(api)
+
+
+def _capped(api: RunningStack) -> None:
+    base, key, db, port = api.base_url, api.key(), api.db, _port(api)
+    held = [stall(port, key, source="127.0.3.1") for _ in range(UPLOADS_PER_CLIENT)]
     try:
         time.sleep(0.3)
-        extra = stall(api.port, key, source="127.0.3.1", chunked=True)
+        extra = stall(port, key, source="127.0.3.1", chunked=True)
         answer = _answer(extra, 2.0)
         extra.close()
         assert answer.startswith(b"HTTP/1.1 429"), answer[:200]
@@ -235,22 +231,20 @@ def test_uploads_per_client_address_are_capped(
         assert other.status_code == 201, other.text
         for sock in held:  # the held bodies end (stalled out), and the address may send again
             assert _answer(sock, READ_TIMEOUT_S + 5).startswith(b"HTTP/1.1 408")
-        again = stall(api.port, key, source="127.0.3.1")
+        again = stall(port, key, source="127.0.3.1")
         again.sendall(_body()[len(_body()) // 2 :])
         assert _answer(again, 5).startswith(b"HTTP/1.1 201")
         again.close()
     finally:
         for sock in held:
             sock.close()
-        stack.stop_all()
     assert _jobs(db) == 2
 
 
-def test_a_trickling_file_upload_is_cut_off(api: Proc, db: sa.Engine) -> None:
+def test_a_trickling_file_upload_is_cut_off(api: RunningStack) -> None:
     """The same rule holds on /v1/files, a multipart body sent chunked."""
-    assert api.port is not None
-    key = make_key(db, TENANT)
-    sock = socket.create_connection(("127.0.0.1", api.port), timeout=10)
+    key, db = api.key(), api.db
+    sock = socket.create_connection(("127.0.0.1", _port(api)), timeout=10)
     part = (
         b'--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
         b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n'

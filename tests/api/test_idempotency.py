@@ -3,20 +3,9 @@ answers the job it made, never a second one; with another request it is a 400.""
 
 from __future__ import annotations
 
-import json
-import socket
-import time
-from pathlib import Path
-
-import httpx
 import pytest
 import sqlalchemy as sa
 from flask.testing import FlaskClient
-
-from devstack.stack import Stack
-from tests.helpers import TENANT
-from tests.helpers import make_key
-from thinkbatch.settings import Settings
 
 BODY = {"items": [{"custom_id": "a", "prompt": "hello"}], "metadata": {"run": "1"}}
 
@@ -64,46 +53,3 @@ def test_a_malformed_key_is_a_400(client: FlaskClient, db: sa.Engine, key: str) 
     assert response.status_code == 400
     assert response.json["error"]["param"] == "Idempotency-Key"
     assert _jobs(db) == []
-
-
-@pytest.mark.slow  # a real server
-def test_a_submit_whose_response_was_lost_makes_one_job(
-    settings: Settings, db: sa.Engine, tmp_path: Path
-) -> None:
-    """The client sends its submit and goes away before the answer (a timeout, a dropped
-    connection); its retry with the same key finds the job the first one made."""
-    stack = Stack(
-        {
-            "THINKBATCH_DATABASE_URL": settings.require_database_url(),
-            "THINKBATCH_REDIS_URL": settings.require_redis_url(),
-        },
-        tmp_path,
-    )
-    api = stack.start_api()
-    try:
-        key = make_key(db, TENANT)
-        body = json.dumps(BODY).encode()
-        sock = socket.create_connection(("127.0.0.1", api.port or 0))
-        sock.sendall(
-            b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            + f"Authorization: Bearer {key}\r\nIdempotency-Key: lost-1\r\n".encode()
-            + f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
-        deadline = time.monotonic() + 10
-        while not _jobs(db) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(_jobs(db)) == 1  # the first request was stored...
-        sock.close()  # ...and its answer never read
-        retry = httpx.post(
-            f"http://127.0.0.1:{api.port}/v1/jobs",
-            content=body,
-            headers={"Authorization": f"Bearer {key}", "Idempotency-Key": "lost-1",
-                     "Content-Type": "application/json"},
-            timeout=10,
-        )  # fmt: skip
-        assert retry.status_code == 201, retry.text
-        assert retry.headers["Idempotent-Replayed"] == "true"
-        assert _jobs(db) == [retry.json()["id"]]
-    finally:
-        stack.stop_all()

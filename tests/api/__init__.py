@@ -1,0 +1,1 @@
+"""api tier: see tests/README.md."""

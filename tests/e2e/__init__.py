@@ -1,0 +1,1 @@
+"""e2e tier: see tests/README.md."""

@@ -1,0 +1,1 @@
+"""stack tier: see tests/README.md."""

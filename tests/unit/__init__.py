@@ -1,0 +1,1 @@
+"""unit tier: see tests/README.md."""
