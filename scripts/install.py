@@ -34,8 +34,8 @@ EXTRAS = "api,worker,embedded,demo"
 CPU_CONFLICTS = ["torchvision", "torchaudio", "torchcodec"]
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 # The `gpu` extra's vLLM pins torch, whose PyPI wheels of that version are built for CUDA 13.0
-# (`pip install --dry-run --report` resolves cuda-toolkit 13.0.x; tests/unit/test_deploy.py checks this
-# stays true, and that locks/worker-gpu.txt agrees). NVIDIA's CUDA compatibility table (CUDA
+# (`pip install --dry-run --report` resolves cuda-toolkit 13.0.x; tests/unit/test_deploy.py checks
+# this stays true, and that locks/worker-gpu.txt agrees). NVIDIA's CUDA compatibility table (CUDA
 # Toolkit release notes, "CUDA Toolkit and Corresponding Driver Versions", minor version
 # compatibility): CUDA 13.x needs a driver of the r580 branch or newer, CUDA 12.x 525.60.13 or
 # newer.
