@@ -458,3 +458,101 @@ def test_gpu_check_compose_mode_runs_its_jobs_against_a_running_api(
         assert f"{check.ITEMS}-item job, {job}" in out, out
     assert "FAIL" not in out, out
     assert out.strip().splitlines()[-1] == "gpu-check: PASS"
+
+
+def _compose() -> dict[str, Any]:
+    import yaml
+
+    loaded: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return loaded
+
+
+def test_env_example_documents_every_variable_compose_requires() -> None:
+    text = (ROOT / "docker-compose.yml").read_text()
+    required = set(re.findall(r"\$\{([A-Z_]+):\?", text))
+    assert required == {"POSTGRES_PASSWORD", "REDIS_PASSWORD", "FLOWER_BASIC_AUTH"}
+    documented = load_script("settings_table").COMPOSE_VARIABLES
+    assert required <= set(documented) and "HF_TOKEN" in documented
+    lines = (ROOT / ".env.example").read_text().splitlines()
+    for name in documented:
+        # Shown, and never with a value: a copied .env must not carry a made-up secret.
+        assert f"# {name}=" in lines, name
+        assert not [line for line in lines if line.lstrip("# ").startswith(f"{name}=") and
+                    line.split("=", 1)[1]], name  # fmt: skip
+
+
+def test_both_images_run_as_a_user_that_owns_the_worker_volumes() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    api, worker = text.split(" AS worker", 1)
+    for stage in (api, worker):
+        users = re.findall(r"^USER (\S+)$", stage, re.MULTILINE)
+        assert users == ["10001:10001"], users
+        assert "useradd --uid 10001 " in stage
+    assert "chown 10001:10001 /hf /cache" in worker
+    # Every volume the worker mounts is a directory the image made for that user.
+    mounts = [v.split(":")[1] for v in _compose()["services"]["worker"]["volumes"]]
+    assert sorted(mounts) == ["/cache", "/hf"]
+
+
+def test_compile_caches_live_on_the_compose_volume() -> None:
+    worker = (ROOT / "Dockerfile").read_text().split(" AS worker", 1)[1]
+    env = dict(re.findall(r"\b([A-Z_]+)=(\S+)", worker.split("# Ubuntu 24.04")[0]))
+    # vLLM (torch.compile), Triton, TorchInductor and FlashInfer (its JIT cache goes to
+    # $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer) all under /cache; the model under /hf.
+    for name in ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
+                 "FLASHINFER_WORKSPACE_BASE"):  # fmt: skip
+        assert env[name].startswith("/cache"), (name, env)
+    assert env["HF_HOME"] == "/hf"
+    compose = _compose()
+    assert "compile-cache:/cache" in compose["services"]["worker"]["volumes"]
+    assert "compile-cache" in compose["volumes"]
+
+
+def test_worker_healthcheck_follows_the_metrics_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import http.server
+    import threading
+
+    from devstack.services import free_port
+    from worker.healthcheck import metrics_url
+
+    health = _compose()["services"]["worker"]["healthcheck"]
+    assert health["test"] == ["CMD", "python", "-m", "worker.healthcheck"]
+    assert health["start_period"] == "15m"
+    any_address = "0.0.0.0"  # noqa: S104 - what a container sets; nothing binds it here
+    settings = Settings(_env_file=None, worker_metrics_port=9200, worker_metrics_host=any_address)
+    assert metrics_url(settings) == "http://127.0.0.1:9200/metrics"
+    assert metrics_url(Settings(_env_file=None, worker_metrics_host="::1")) == (
+        "http://[::1]:9101/metrics"
+    )
+    assert metrics_url(Settings(_env_file=None, worker_metrics_port=0)) is None
+
+    port = free_port()
+    env = {**os.environ, "THINKBATCH_WORKER_METRICS_PORT": str(port)}
+    check = [sys.executable, "-m", "worker.healthcheck"]
+    down = subprocess.run(check, env=env, capture_output=True, text=True, cwd=ROOT)
+    assert down.returncode == 1 and f"127.0.0.1:{port}/metrics" in down.stdout
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.end_headers()
+            self.wfile.write(b"# metrics\n")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", port), Metrics)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        up = subprocess.run(check, env=env, capture_output=True, text=True, cwd=ROOT)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert up.returncode == 0, up.stdout + up.stderr
+    off = subprocess.run(
+        check, env={**env, "THINKBATCH_WORKER_METRICS_PORT": "0"}, capture_output=True, text=True
+    )
+    assert off.returncode == 1 and "THINKBATCH_WORKER_METRICS_PORT is 0" in off.stdout
