@@ -347,7 +347,7 @@ def judge_budget(result: dict[str, Any], budget: int) -> str | None:
 
 def budget_below(result: dict[str, Any]) -> int:
     """A thinking budget most of the job's items would exceed: half its median thinking."""
-    used = sorted(i["usage"]["reasoning_tokens"] for i in result["items"] if i.get("usage"))
+    used = sorted(int(i["usage"]["reasoning_tokens"]) for i in result["items"] if i.get("usage"))
     if not used:
         return THINKING_BUDGET
     return max(2, used[len(used) // 2] // 2)
