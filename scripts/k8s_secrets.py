@@ -28,9 +28,11 @@ from urllib.parse import quote
 from urllib.parse import urlsplit
 from urllib.parse import urlunsplit
 
-# The trial overlay's Services (deploy/k8s/overlays/trial) and its database and user.
-TRIAL_POSTGRES = "thinkbatch-postgres:5432"
-TRIAL_REDIS = "thinkbatch-redis:6379"
+# The trial overlay's Services (deploy/k8s/overlays/trial) and its database and user. The URLs
+# name them with their namespace: KEDA's operator, which reads the database URL too, runs in a
+# namespace of its own.
+TRIAL_POSTGRES = "thinkbatch-postgres.{namespace}.svc:5432"
+TRIAL_REDIS = "thinkbatch-redis.{namespace}.svc:6379"
 TRIAL_DATABASE = "thinkbatch"
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 REDIS_SCHEMES = ("redis", "rediss")
@@ -69,18 +71,17 @@ def redis_url(url: str) -> str:
     return url
 
 
-def trial() -> list[dict[str, Any]]:
+def trial(namespace: str) -> list[dict[str, Any]]:
     pg, rd = password(), password()
     user = quote(TRIAL_DATABASE)
+    postgres = TRIAL_POSTGRES.format(namespace=namespace)
+    redis = TRIAL_REDIS.format(namespace=namespace)
     return [
         secret(
             "thinkbatch-database",
-            {
-                "password": pg,
-                "url": f"postgresql://{user}:{pg}@{TRIAL_POSTGRES}/{TRIAL_DATABASE}",
-            },
+            {"password": pg, "url": f"postgresql://{user}:{pg}@{postgres}/{TRIAL_DATABASE}"},
         ),
-        secret("thinkbatch-redis", {"password": rd, "url": f"redis://:{rd}@{TRIAL_REDIS}/0"}),
+        secret("thinkbatch-redis", {"password": rd, "url": f"redis://:{rd}@{redis}/0"}),
     ]
 
 
@@ -98,14 +99,20 @@ def flower(user: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     modes = parser.add_subparsers(dest="mode", required=True)
-    modes.add_parser("trial", help="for overlays/trial: its own PostgreSQL and Redis")
+    trial_mode = modes.add_parser("trial", help="for overlays/trial: its own PostgreSQL and Redis")
+    trial_mode.add_argument(
+        "--namespace", default="thinkbatch", help="the overlay's namespace (thinkbatch)"
+    )
     ours = modes.add_parser("managed", help="for overlays/managed: your services' URLs")
     ours.add_argument("--database-url", required=True)
     ours.add_argument("--redis-url", required=True)
     parser.add_argument("--flower-user", default="admin")
     args = parser.parse_args(argv)
     try:
-        made = trial() if args.mode == "trial" else managed(args.database_url, args.redis_url)
+        if args.mode == "trial":
+            made = trial(args.namespace)
+        else:
+            made = managed(args.database_url, args.redis_url)
     except ValueError as error:
         parser.error(str(error))
     made.append(flower(args.flower_user))

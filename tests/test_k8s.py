@@ -460,13 +460,21 @@ def test_the_trials_urls_reach_its_own_services_with_its_passwords() -> None:
     settings = Settings(_env_file=None, database_url=database["url"], redis_url=redis["url"])
     assert settings.database_url and settings.redis_url
     db, rd = settings.database_url.hosts()[0], settings.redis_url
+    # The Services by their namespaced names: KEDA's operator, in a namespace of its own,
+    # connects with the same URL.
     assert (db["host"], db["port"], db["password"]) == (
-        "thinkbatch-postgres", 5432, database["password"],
+        "thinkbatch-postgres.thinkbatch.svc", 5432, database["password"],
     )  # fmt: skip
-    assert (rd.host, rd.port, rd.password) == ("thinkbatch-redis", 6379, redis["password"])
-    for name, port in (("thinkbatch-postgres", 5432), ("thinkbatch-redis", 6379)):
+    assert (rd.host, rd.port, rd.password) == (
+        "thinkbatch-redis.thinkbatch.svc", 6379, redis["password"],
+    )  # fmt: skip
+    for host, port in ((db["host"], db["port"]), (rd.host, rd.port)):
+        name, namespace, _ = str(host).split(".")
         service = named("trial", "Service", name)
+        assert service["metadata"]["namespace"] == namespace
         assert [p["port"] for p in service["spec"]["ports"]] == [port]
+    elsewhere = _secrets("trial", "--namespace", "batch")[0][0]["stringData"]["url"]
+    assert "@thinkbatch-postgres.batch.svc:5432/" in elsewhere
     # KEDA's pgx reads the same URL: postgresql://, no SQLAlchemy driver suffix.
     assert database["url"].startswith("postgresql://")
     # Fresh each time: nothing to guess, nothing committed.
