@@ -18,6 +18,7 @@ From a checkout (`make gpu-check`):
 Against a running compose deployment (`make gpu-check-compose`, or `--compose`): step 2, then
 step 5 against its API. The images hold the compilers, and the GPU is the compose worker's, so
 steps 1, 3, 4 and 6 are not run; only the standard library is used, so any python3 runs it.
+`--no-driver` skips step 2 too, for a deployment whose GPUs are elsewhere (Kubernetes).
 
 Steps 1-3 use only the standard library (`--preflight` stops after them), so that a host
 without a GPU, or with an unsuitable Python, is told so before anything is installed.
@@ -500,14 +501,26 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("THINKBATCH_API_KEY"),
         help="with --compose; unset: one is made with docker compose exec api",
     )
+    parser.add_argument(
+        "--no-driver",
+        action="store_true",
+        help="with --compose: skip the driver check, for a deployment whose GPUs are on other "
+        "machines (Kubernetes: run it against a port-forwarded API)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=COMPOSE_TIMEOUT_S,
+        help="with --compose: seconds to wait for a worker, and for each job",
+    )
     args = parser.parse_args(argv)
     if args.compose:
-        code = driver_check()
+        code = 0 if args.no_driver else driver_check()
         if code:
             if code == 1:
                 print("gpu-check: FAIL (fix the above, then run it again)")
             return code
-        return run_compose_checks(args.url, args.api_key)
+        return run_compose_checks(args.url, args.api_key, args.timeout)
     code = preflight()
     if code or args.preflight:
         if code == 1:

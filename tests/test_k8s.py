@@ -539,3 +539,29 @@ def test_the_download_and_wait_scripts_are_valid_shell() -> None:
                 out = subprocess.run(["sh", "-n", "-c", command[2]], capture_output=True)
                 assert out.returncode == 0, (command, out.stderr)
                 assert shlex.split(command[2])  # quotes balance
+
+
+def test_the_docs_overlay_blocks_set_the_images_and_the_storage_class(tmp_path: Path) -> None:
+    """docs/deploy-kubernetes.md's own blocks, added to a copy of the trial overlay as its step 2
+    says, point every thinkbatch container at the registry and the cache at the class."""
+    docs = (ROOT / "docs" / "deploy-kubernetes.md").read_text()
+    block = docs.split("The two blocks step 2 adds", 1)[1].split("```yaml\n", 1)[1]
+    block = block.split("```", 1)[0]
+    copy = tmp_path / "deploy" / "k8s"
+    shutil.copytree(K8S, copy)
+    mine = copy / "overlays" / "mine"
+    shutil.copytree(copy / "overlays" / "trial", mine)
+    kustomization = mine / "kustomization.yaml"
+    kustomization.write_text(kustomization.read_text() + block)
+    assert KUBECTL is not None
+    out = subprocess.run([KUBECTL, "kustomize", str(mine)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    docs_render = [d for d in yaml.safe_load_all(out.stdout) if d]
+    images = {
+        c["image"] for d in docs_render if "template" in d.get("spec", {}) for c in containers(d)
+    }
+    assert images == {
+        "REGISTRY/thinkbatch-api:TAG", "REGISTRY/thinkbatch-worker:TAG", "postgres:17", "redis:7",
+    }  # fmt: skip
+    (claim,) = [d for d in docs_render if d["metadata"]["name"] == "thinkbatch-hf-cache"]
+    assert claim["spec"]["storageClassName"] == "YOUR-RWX-CLASS"
