@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 from tests.helpers import ROOT
@@ -15,6 +17,7 @@ from tests.helpers import database_name
 from tests.helpers import recreate_database
 from thinkbatch.db import migrate
 from thinkbatch.schema_ready import head_revisions
+from thinkbatch.schema_ready import migrations_dir
 from thinkbatch.schema_ready import status
 
 
@@ -52,3 +55,18 @@ def test_it_waits_while_the_database_does_not_answer() -> None:
     why = status(engine, head_revisions())
     assert why and why.startswith("the database does not answer yet"), why
     engine.dispose()
+
+
+def test_the_migrations_are_found_beside_the_code_or_in_the_working_directory(
+    tmp_path: Path,
+) -> None:
+    # An image installs thinkbatch into site-packages and keeps migrations/ in /app, its
+    # working directory: the first place holds none, the second does.
+    site, app = tmp_path / "site-packages", tmp_path / "app"
+    (app / "migrations").mkdir(parents=True)
+    (app / "migrations" / "env.py").write_text("")
+    site.mkdir()
+    assert migrations_dir((site, app)) == app / "migrations"
+    assert migrations_dir() == ROOT / "migrations"  # a checkout's own
+    with pytest.raises(FileNotFoundError):
+        migrations_dir((site,))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -22,10 +23,12 @@ from thinkbatch.db import make_engine
 from thinkbatch.settings import Settings
 
 
-def migrations_dir() -> Path:
+def migrations_dir(roots: Sequence[Path] | None = None) -> Path:
     """The migrations beside this code: the checkout's, or /app's in the images (their working
     directory, where they copy migrations/; the installed package holds none)."""
-    for root in (Path(__file__).resolve().parent.parent, Path.cwd()):
+    if roots is None:
+        roots = (Path(__file__).resolve().parent.parent, Path.cwd())
+    for root in roots:
         if (root / "migrations" / "env.py").exists():
             return root / "migrations"
     raise FileNotFoundError("no migrations/ beside thinkbatch nor in the working directory")
