@@ -8,6 +8,9 @@
 # --- api: plain Python is enough (no torch, no compiler) ------------------------------------
 FROM python:3.11-slim AS api
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+# It runs as this user, not root (USER below): the API, the migrations and Flower write nothing
+# outside /tmp. A numeric UID, so that Kubernetes' runAsNonRoot can verify it (deploy/k8s).
+RUN useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin thinkbatch
 WORKDIR /app
 # Dependencies before the sources: a code change reuses this layer.
 COPY locks/api.txt ./locks/
@@ -22,6 +25,7 @@ COPY flowerconfig.py ./
 # The project alone: every dependency is installed above, at its locked version.
 # hadolint ignore=DL3013
 RUN pip install --no-deps .
+USER 10001:10001
 EXPOSE 8000
 CMD ["gunicorn", "-c", "api/gunicorn.conf.py", "api.asgi:app"]
 
@@ -40,6 +44,11 @@ CMD ["gunicorn", "-c", "api/gunicorn.conf.py", "api.asgi:app"]
 FROM nvidia/cuda:13.0.2-devel-ubuntu24.04 AS worker
 ENV DEBIAN_FRONTEND=noninteractive PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 CUDA_HOME=/usr/local/cuda PATH=/opt/venv/bin:$PATH
+# What the engine compiles at its first start (torch.compile's graphs, CUDA graphs' kernels,
+# Triton's launcher, FlashInfer's sampler: minutes) goes to one directory, /cache, which compose
+# and Kubernetes keep on a volume so that later starts reuse it. The model goes to HF_HOME.
+ENV HF_HOME=/hf VLLM_CACHE_ROOT=/cache/vllm TRITON_CACHE_DIR=/cache/triton \
+    TORCHINDUCTOR_CACHE_DIR=/cache/torchinductor FLASHINFER_WORKSPACE_BASE=/cache
 # Ubuntu 24.04's Python 3.12 (vLLM's wheel is abi3; thinkbatch needs >= 3.11). Debian package
 # versions move with the base image's security updates; the base image tag pins them.
 # hadolint ignore=DL3008
@@ -47,7 +56,10 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends \
         python3.12 python3.12-venv python3.12-dev gcc g++ git ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
-    && python3.12 -m venv /opt/venv
+    && python3.12 -m venv /opt/venv \
+    && useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin thinkbatch \
+    && mkdir -p /hf /cache \
+    && chown 10001:10001 /hf /cache
 WORKDIR /app
 # The `worker` and `gpu` extras' whole tree: vLLM, the CUDA build of torch and its CUDA libraries.
 COPY locks/worker-gpu.txt ./locks/
@@ -60,4 +72,7 @@ COPY migrations ./migrations
 COPY scripts ./scripts
 # hadolint ignore=DL3013
 RUN pip install --no-deps .
+# Not root: the api image's UID. /hf and /cache (made above) belong to it, so that an empty
+# volume mounted there starts out writable by it (Docker copies the ownership into a new volume).
+USER 10001:10001
 CMD ["celery", "-A", "worker.celery_app", "worker", "-E", "-l", "INFO"]

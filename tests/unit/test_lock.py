@@ -87,6 +87,34 @@ def test_gpu_lock_cuda_agrees_with_the_driver_check_and_the_worker_image() -> No
     assert base and int(base.group(1)) == install.GPU_CUDA_MAJOR
 
 
+# The CUDA compiler and runtime packages in a GPU install: torch's runtime and what vLLM's
+# kernels compile with (FlashInfer through the image's toolkit, humming-kernels through these).
+CUDA_COMPILER_PACKAGES = (
+    "nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm", "nvidia-cuda-cccl",
+    "nvidia-cuda-nvrtc", "nvidia-cuda-runtime",
+)  # fmt: skip
+
+
+def test_gpu_locks_hold_the_cuda_compilers_of_torchs_release() -> None:
+    """Every CUDA compiler package a GPU host installs is of the CUDA release torch is built
+    for (13.0), the release the driver check asks a driver for, not the newest 13.x."""
+    install = load_script("install")
+    linux = {"sys_platform": "linux", "platform_machine": "x86_64", "platform_system": "Linux"}
+    for path in ("locks/worker-gpu.txt", "locks/dev-gpu.txt"):
+        found = {}
+        for line in (ROOT / path).read_text().splitlines():
+            if line[:1].isalnum():
+                req = Requirement(line.split(" \\")[0].replace(" ;", ";"))
+                name = canonicalize_name(req.name)
+                if name in CUDA_COMPILER_PACKAGES and (
+                    req.marker is None or req.marker.evaluate(linux)
+                ):
+                    found[name] = str(req.specifier)
+        assert set(found) == set(CUDA_COMPILER_PACKAGES), (path, found)
+        for name, pin in found.items():
+            assert pin.startswith(f"=={install.GPU_CUDA_MAJOR}.0."), (path, name, pin)
+
+
 def test_dockerfile_installs_each_image_from_its_lock() -> None:
     text = (ROOT / "Dockerfile").read_text()
     api, worker = text.split(" AS worker", 1)
