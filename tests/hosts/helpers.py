@@ -1,0 +1,261 @@
+"""The multi-host tier's shared types: the lab (network, servers, API), the workers on its
+hosts, what a worker says about its fenced writes, and the report lines printed at the end of
+the run (conftest.py). Scenarios import these from here, never from conftest.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from dataclasses import field
+from datetime import UTC
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from devstack.services import LocalPostgres
+from devstack.services import LocalRedis
+from devstack.stack import Proc
+from devstack.stack import Stack
+from tests.helpers import check_invariants
+from tests.helpers import lost_and_duplicated
+from tests.hosts.netns import DB_ADDR
+from tests.hosts.netns import REDIS_ADDR
+from tests.hosts.netns import Host
+from tests.hosts.netns import Network
+from tests.stacks import FAST_RECOVERY_ENV
+from tests.stacks import Client
+from tests.stacks import make_stack
+
+METRICS_PORT = 9101  # every worker has a namespace, and so a loopback, of its own
+FAKE_ENV = {
+    "THINKBATCH_ENGINE": "fake",
+    "THINKBATCH_MAX_NUM_SEQS": "16",
+    # One token per 10 ms: an item of 100 tokens takes a second, so a worker holds leases
+    # on items that are still computing whenever a fault lands.
+    "THINKBATCH_ENGINE_EXTRA_ARGS": '{"step_s": 0.01}',
+    # A window of a fixed 2 x MAX_NUM_SEQS items: what a worker holds stays small and known.
+    "THINKBATCH_INFLIGHT_LOOKAHEAD_S": "0",
+    "THINKBATCH_WORKER_METRICS_PORT": str(METRICS_PORT),
+    "THINKBATCH_LOG_LEVEL": "INFO",
+}
+
+
+@dataclass
+class HostReport:
+    name: str
+    items: int
+    faults: int
+    lost: int
+    duplicated: int
+    fenced: int  # late writes of the faulty host that the fence refused (its own count)
+    recover_s: float  # from the end of the last fault to the next finished item
+    finish_s: float  # from the end of the last fault to the job's end
+    note: str = ""
+
+
+REPORTS: list[HostReport] = []
+
+
+@dataclass
+class Lab:
+    network: Network
+    pg: LocalPostgres
+    redis: LocalRedis
+    database_url: str  # the tests' own way in: PostgreSQL's Unix socket
+    db: sa.Engine
+    client: Client
+    log_dir: Path
+
+    def worker_stack(self, host: Host, scenario: str, **env: str) -> Stack:
+        """A stack for a scenario's worker on `host`, reaching PostgreSQL and Redis over the
+        host's link (stopped by the scenario)."""
+        return make_stack(
+            self.log_dir / scenario / host.name,
+            self.pg.url("hosts", host=DB_ADDR),
+            self.redis.url(0, host=REDIS_ADDR),
+            host.netns,
+            **{**FAST_RECOVERY_ENV, **FAKE_ENV, **env},
+        )
+
+
+@dataclass
+class Worker:
+    host: Host
+    stack: Stack
+    proc: Proc
+
+    @property
+    def owner_like(self) -> str:
+        """A LIKE pattern of the worker's lease owner (hostname:pid:random)."""
+        return f"%:{self.proc.pid}:%"
+
+    def metric(self, name: str) -> float:
+        """The sum of a metric's samples on the worker's /metrics, read inside its namespace."""
+        total = 0.0
+        for line in self.metrics_text().splitlines():
+            if line.startswith(name) and not line.startswith("#"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def metrics_text(self) -> str:
+        done = subprocess.run(
+            [
+                "ip", "netns", "exec", self.host.netns, sys.executable, "-c",
+                "import urllib.request, sys; sys.stdout.write(urllib.request.urlopen("
+                f"'http://127.0.0.1:{METRICS_PORT}/metrics', timeout=10).read().decode())",
+            ],
+            capture_output=True, text=True, timeout=30, check=True,
+        )  # fmt: skip
+        return done.stdout
+
+    def fenced_in_log(self) -> int:
+        """The writes the worker logged as refused by the fence, summed over its log lines."""
+        return sum(line.get("fenced", 0) for line in self.log_lines("refused by the fence"))
+
+    def log_lines(self, containing: str) -> list[dict[str, Any]]:
+        lines = []
+        for raw in self.proc.log_text().splitlines():
+            if containing in raw and raw.startswith("{"):
+                lines.append(json.loads(raw))
+        return lines
+
+
+class Fleet:
+    """The workers of one scenario, one per host; all stopped at its end."""
+
+    def __init__(self, lab: Lab, scenario: str):
+        self.lab, self.scenario = lab, scenario
+        self.workers: dict[str, Worker] = {}
+
+    def start(self, *names: str, **env: str) -> list[Worker]:
+        """Start a worker on each named host at once; return when all are ready."""
+        started = []
+        for name in names:
+            host = self.lab.network.host(name)
+            stack = self.lab.worker_stack(host, self.scenario, **env)
+            started.append(Worker(host, stack, stack.start_worker(name, wait=False)))
+        for worker in started:
+            worker.stack.wait_worker_ready(worker.proc)
+            self.workers[worker.host.name] = worker
+        return started
+
+    def __getitem__(self, name: str) -> Worker:
+        return self.workers[name]
+
+    def stop(self) -> None:
+        for worker in self.workers.values():
+            worker.stack.stop_all()
+
+
+def items(n: int, prefix: str = "q") -> list[dict[str, Any]]:
+    return [
+        {"custom_id": f"{prefix}{k}", "messages": [{"role": "user", "content": f"Question {k}?"}]}
+        for k in range(n)
+    ]
+
+
+# Every item computes for exactly this many engine steps (a second at FAKE_ENV's step).
+PARAMS = {"ignore_eos": True, "max_tokens": 100, "temperature": 0}
+
+
+def share(db: sa.Engine, job_id: str, worker: Worker) -> tuple[int, int]:
+    """(items the worker holds now, results it stored) in one job."""
+    with db.connect() as conn:
+        row = conn.execute(
+            sa.text(
+                "SELECT (SELECT count(*) FROM items WHERE job_id = :id AND status = 'running'"
+                "        AND lease_owner LIKE :w),"
+                " (SELECT count(*) FROM item_results WHERE job_id = :id AND worker_id LIKE :w)"
+            ),
+            {"id": job_id, "w": worker.owner_like},
+        ).one()
+    return int(row[0]), int(row[1])
+
+
+def wait_for(condition: Any, timeout: float, what: str, poll: float = 0.1) -> Any:
+    """Poll until `condition()` is truthy and return its value; fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(poll)
+
+
+def finish(
+    lab: Lab,
+    name: str,
+    job_id: str,
+    *,
+    faults: int,
+    fault_end: datetime,
+    fenced: int = 0,
+    note: str = "",
+) -> dict[str, Any]:
+    """Wait for the job, check the invariants every scenario keeps, and record the report
+    line. `fault_end` is when the last fault was undone: recovery is measured from it."""
+    job = lab.client.wait(job_id, timeout=300)
+    done_at = datetime.now(UTC)
+    counts = check_invariants(lab.db, uuid.UUID(job_id))
+    lost, duplicated = lost_and_duplicated(lab.db, job_id)
+    with lab.db.connect() as conn:
+        first = conn.execute(
+            sa.text("SELECT min(finished_at) FROM items WHERE job_id = :id AND finished_at > :t"),
+            {"id": job_id, "t": fault_end},
+        ).scalar()
+    recover = max(0.0, ((first or done_at) - fault_end).total_seconds())
+    REPORTS.append(
+        HostReport(
+            name, job["counts"]["total"], faults, lost, duplicated, fenced, recover,
+            max(0.0, (done_at - fault_end).total_seconds()), note,
+        )
+    )  # fmt: skip
+    assert lost == 0 and duplicated == 0
+    assert job["status"] == "completed", job
+    assert counts["succeeded"] == job["counts"]["total"], counts
+    job["checked_counts"] = counts
+    return job
+
+
+def stored_by(db: sa.Engine, job_id: str, worker: Worker, after: datetime | None = None) -> int:
+    """Results of a job that the worker stored (after a moment, if given)."""
+    query = "SELECT count(*) FROM item_results WHERE job_id = :id AND worker_id LIKE :w"
+    params: dict[str, Any] = {"id": job_id, "w": worker.owner_like}
+    if after is not None:
+        query += " AND created_at > :t"
+        params["t"] = after
+    with db.connect() as conn:
+        return int(conn.execute(sa.text(query), params).scalar_one())
+
+
+def worker_row(db: sa.Engine, worker: Worker) -> Any:
+    with db.connect() as conn:
+        return conn.execute(
+            sa.text("SELECT id, heartbeat_at, stopped_at FROM workers WHERE id LIKE :w"),
+            {"w": worker.owner_like},
+        ).one()
+
+
+OWNER = re.compile(r"runner (\S+) ready")
+
+
+@dataclass
+class Timeline:
+    """Moments of a scenario, for its report."""
+
+    marks: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, what: str) -> None:
+        self.marks[what] = time.monotonic()
+
+    def since(self, what: str) -> float:
+        return time.monotonic() - self.marks[what]
