@@ -5,6 +5,7 @@ test fails; what a killed run left behind is removed at the start of the next.""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import pytest
@@ -31,9 +32,11 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     netns.remove_leftovers()
     build_demo_model()
     root = tmp_path_factory.mktemp("hosts")
-    network = netns.Network(hosts=3)
-    pg = redis_server = stack = db = None
-    try:
+    # Each part is undone in reverse order, every one of them even when another fails: the
+    # network last, which also ends whatever still runs inside it.
+    with contextlib.ExitStack() as undo:
+        network = netns.Network(hosts=3)
+        undo.callback(network.down)
         network.up()
         pg = LocalPostgres(
             root / "pg",
@@ -41,10 +44,14 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
             listen=f"127.0.0.1,{netns.DB_ADDR}",
             netns=network.svc,
             trust=(f"{netns.SUBNET}.0/24",),
-        ).start()
+        )
+        undo.callback(pg.stop, mode="immediate")  # a fast stop waits on a cut host's sessions
+        pg.start()
         redis_server = LocalRedis(
             root / "redis", listen=("127.0.0.1", netns.REDIS_ADDR), netns=network.svc
-        ).start()
+        )
+        undo.callback(redis_server.stop)
+        redis_server.start()
         pg.create_database("hosts")
         url = pg.socket_url("hosts")
         migrate(url)
@@ -53,20 +60,12 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         stack = make_stack(
             root / "api", pg.url("hosts"), redis_server.url(0), network.svc, **FAST_RECOVERY_ENV
         )
+        undo.callback(stack.stop_all)
         stack.start_api(unix_socket=root / "api.sock")
         db = sa.create_engine(url, pool_pre_ping=True)
-        with Client(None, api_key(url), uds=root / "api.sock") as client:
-            yield Lab(network, pg, redis_server, url, db, client, root)
-    finally:
-        if stack is not None:
-            stack.stop_all()
-        if db is not None:
-            db.dispose()
-        if redis_server is not None:
-            redis_server.stop()
-        if pg is not None:
-            pg.stop()
-        network.down()
+        undo.callback(db.dispose)
+        client = undo.enter_context(Client(None, api_key(url), uds=root / "api.sock"))
+        yield Lab(network, pg, redis_server, url, db, client, root)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

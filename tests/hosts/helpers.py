@@ -4,14 +4,14 @@ the run (conftest.py). Scenarios import these from here, never from conftest.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import re
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
-from dataclasses import field
 from datetime import UTC
 from datetime import datetime
 from pathlib import Path
@@ -21,6 +21,7 @@ import sqlalchemy as sa
 
 from devstack.services import LocalPostgres
 from devstack.services import LocalRedis
+from devstack.services import in_netns
 from devstack.stack import Proc
 from devstack.stack import Stack
 from tests.helpers import check_invariants
@@ -245,17 +246,36 @@ def worker_row(db: sa.Engine, worker: Worker) -> Any:
         ).one()
 
 
-OWNER = re.compile(r"runner (\S+) ready")
+# A transaction of the worker's, caught open by a fault: on the worker's own connection settings
+# (thinkbatch.db.make_engine, its environment), it takes the lock on a job's row that a store
+# takes, and holds it. A fault landing inside one of the writer's transactions is a matter of
+# milliseconds; this makes it certain.
+_HOLD_LOCK = """
+import sys, time, uuid
+from thinkbatch import ledger
+from thinkbatch.db import make_engine
+from thinkbatch.settings import Settings
+with make_engine(Settings()).begin() as conn:
+    ledger.lock_jobs(conn, [uuid.UUID(sys.argv[1])])
+    print("locked", flush=True)
+    time.sleep(600)
+"""
 
 
-@dataclass
-class Timeline:
-    """Moments of a scenario, for its report."""
-
-    marks: dict[str, float] = field(default_factory=dict)
-
-    def mark(self, what: str) -> None:
-        self.marks[what] = time.monotonic()
-
-    def since(self, what: str) -> float:
-        return time.monotonic() - self.marks[what]
+@contextlib.contextmanager
+def open_transaction(worker: Worker, job_id: str) -> Iterator[None]:
+    """A transaction from the worker's host that holds the job's lock, while the block runs."""
+    probe = subprocess.Popen(
+        in_netns(worker.host.netns, [sys.executable, "-c", _HOLD_LOCK, job_id]),
+        env=worker.stack.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert probe.stdout is not None
+        line = probe.stdout.readline()
+        assert line.strip() == "locked", line + probe.stdout.read()
+        yield
+    finally:
+        probe.kill()
+        probe.wait()
+        if probe.stdout is not None:
+            probe.stdout.close()

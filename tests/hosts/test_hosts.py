@@ -11,19 +11,25 @@ on the worker's /metrics."""
 
 from __future__ import annotations
 
+import time
 from datetime import UTC
 from datetime import datetime
+from datetime import timedelta
 
 import pytest
 
 from tests.hosts.helpers import PARAMS
+from tests.hosts.helpers import REPORTS
 from tests.hosts.helpers import Fleet
 from tests.hosts.helpers import Lab
+from tests.hosts.helpers import Worker
 from tests.hosts.helpers import finish
 from tests.hosts.helpers import items
+from tests.hosts.helpers import open_transaction
 from tests.hosts.helpers import share
 from tests.hosts.helpers import stored_by
 from tests.hosts.helpers import wait_for
+from tests.hosts.helpers import worker_row
 
 pytestmark = pytest.mark.hosts
 
@@ -39,10 +45,62 @@ def test_a_host_joining_mid_job_takes_a_share(lab: Lab) -> None:
         wait_for(lambda: share(lab.db, job["id"], h3)[1] > 0, 30, "h3 stored results")
         done = finish(lab, "1. a host joins mid-job", job["id"], faults=0, fault_end=joined)
         took = stored_by(lab.db, job["id"], h3)
-        lab_note = f"h3 stored {took} of {done['counts']['total']}"
-        assert took >= 32, lab_note  # more than one claim's worth: a real share
-        from tests.hosts.helpers import REPORTS
+        REPORTS[-1].note = f"h3 stored {took} of {done['counts']['total']}"
+        assert took >= 32, REPORTS[-1].note  # more than one claim's worth: a real share
+    finally:
+        fleet.stop()
 
-        REPORTS[-1].note = lab_note
+
+def holding(lab: Lab, job_id: str, worker: Worker, least: int = 8) -> int:
+    """The worker's leases in the job once it holds at least `least` and has stored results
+    (so the fault lands mid-job, on a worker at work); 0 until then."""
+    held, stored = share(lab.db, job_id, worker)
+    return held if held >= least and stored > 0 else 0
+
+
+def test_a_host_cut_off_while_holding_leases(lab: Lab) -> None:
+    fleet = Fleet(lab, "partition")
+    try:
+        h1, _h2, _h3 = fleet.start("h1", "h2", "h3")
+        job = lab.client.submit(items(900), params=PARAMS)
+        wait_for(lambda: holding(lab, job["id"], h1), 60, "h1 at work on the job")
+        # The link goes while one of h1's transactions holds the job's lock, as a store does.
+        with open_transaction(h1, job["id"]):
+            lab.network.cut(h1.host)
+            cut_at = datetime.now(UTC)
+            time.sleep(1)  # a write already on its way when the link went lands or not by now
+            held = share(lab.db, job["id"], h1)[0]
+            assert held > 0
+            # h1 stops beating; the fleet judges it dead, takes its items back and finishes
+            # the job while h1, cut off, computes them too.
+            wait_for(lambda: worker_row(lab.db, h1).stopped_at is not None, 30, "h1 dead")
+            released = wait_for(
+                lambda: share(lab.db, job["id"], h1)[0] == 0 and datetime.now(UTC),
+                30,
+                "h1's leases released",
+            )
+            lab.client.wait(job["id"], timeout=120)
+        cut_s = (datetime.now(UTC) - cut_at).total_seconds()
+        lab.network.heal(h1.host)
+        healed = datetime.now(UTC)
+        # Back on the network, h1 writes what it computed: every write is refused by the fence,
+        # logged, and counted on its /metrics.
+        fenced = wait_for(h1.fenced_in_log, 60, "h1 logs its refused writes")
+        time.sleep(2)  # the rest of its backlog, if it wrote in several batches
+        fenced = h1.fenced_in_log()
+        assert h1.metric("thinkbatch_worker_fenced_writes_total") == fenced
+        assert 0 < fenced <= held, (fenced, held)
+        assert stored_by(lab.db, job["id"], h1, after=cut_at + timedelta(seconds=1)) == 0
+        finish(lab, "2. partition while holding leases", job["id"], faults=1, fault_end=healed,
+               fenced=fenced,
+               note=f"h1 held {held}, back in {(released - cut_at).total_seconds():.0f}s; "
+               f"cut {cut_s:.0f}s")  # fmt: skip
+        # Its engine carries on: h1 beats again and takes a share of the next job.
+        after = lab.client.submit(items(300, "after"), params=PARAMS)
+        wait_for(lambda: stored_by(lab.db, after["id"], h1) > 0, 60, "h1 stores new results")
+        assert worker_row(lab.db, h1).stopped_at is None
+        done = finish(lab, "2b. the next job, h1 back", after["id"], faults=0, fault_end=healed)
+        took = stored_by(lab.db, after["id"], h1)
+        REPORTS[-1].note = f"h1 stored {took} of {done['counts']['total']}"
     finally:
         fleet.stop()
