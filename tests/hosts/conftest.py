@@ -6,6 +6,7 @@ test fails; what a killed run left behind is removed at the start of the next.""
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -38,8 +39,10 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         network = netns.Network(hosts=3)
         undo.callback(network.down)
         network.up()
+        scratch = netns.scratch_dir(network.prefix)
+        undo.callback(shutil.rmtree, scratch, ignore_errors=True)
         pg = LocalPostgres(
-            root / "pg",
+            scratch / "pg",
             fast=True,
             listen=f"127.0.0.1,{netns.DB_ADDR}",
             netns=network.svc,

@@ -31,6 +31,7 @@ from tests.hosts.netns import REDIS_ADDR
 from tests.hosts.netns import Host
 from tests.hosts.netns import Network
 from tests.stacks import FAST_RECOVERY_ENV
+from tests.stacks import VLLM_ENV
 from tests.stacks import Client
 from tests.stacks import make_stack
 
@@ -120,6 +121,21 @@ class Worker:
         """The writes the worker logged as refused by the fence, summed over its log lines."""
         return sum(line.get("fenced", 0) for line in self.log_lines("refused by the fence"))
 
+    def fenced(self, quiet_s: float = 2.0, timeout: float = 60) -> int:
+        """The writes the fence refused, once the worker's log and its /metrics agree on them
+        and no more came for `quiet_s` (its backlog may take several batches)."""
+        seen, since = -1, time.monotonic()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            logged = self.fenced_in_log()
+            counted = self.metric("thinkbatch_worker_fenced_writes_total")
+            if logged != counted or logged != seen:
+                seen, since = logged, time.monotonic()
+            elif time.monotonic() - since >= quiet_s:
+                return logged
+            time.sleep(0.2)
+        raise AssertionError(f"log ({logged}) and /metrics ({counted}) disagree on fenced writes")
+
     def log_lines(self, containing: str) -> list[dict[str, Any]]:
         lines = []
         for raw in self.proc.log_text().splitlines():
@@ -135,12 +151,13 @@ class Fleet:
         self.lab, self.scenario = lab, scenario
         self.workers: dict[str, Worker] = {}
 
-    def start(self, *names: str, **env: str) -> list[Worker]:
-        """Start a worker on each named host at once; return when all are ready."""
+    def start(self, *names: str, env: dict[str, dict[str, str]] | None = None) -> list[Worker]:
+        """Start a worker on each named host at once (with `env[name]` added to its settings);
+        return when all are ready."""
         started = []
         for name in names:
             host = self.lab.network.host(name)
-            stack = self.lab.worker_stack(host, self.scenario, **env)
+            stack = self.lab.worker_stack(host, self.scenario, **(env or {}).get(name, {}))
             started.append(Worker(host, stack, stack.start_worker(name, wait=False)))
         for worker in started:
             worker.stack.wait_worker_ready(worker.proc)
@@ -161,6 +178,10 @@ def items(n: int, prefix: str = "q") -> list[dict[str, Any]]:
         for k in range(n)
     ]
 
+
+# The real engine (vLLM on the CPU, the demo model) for one host of a fleet of fake ones: all
+# serve the model `thinkbatch-demo`, so a job's items go to whichever claims them.
+VLLM_HOST_ENV = {**VLLM_ENV, "THINKBATCH_ENGINE_EXTRA_ARGS": "{}"}
 
 # Every item computes for exactly this many engine steps (a second at FAKE_ENV's step).
 PARAMS = {"ignore_eos": True, "max_tokens": 100, "temperature": 0}

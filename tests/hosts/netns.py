@@ -20,8 +20,10 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 PREFIX = "tbh"  # every namespace of this tier is named tbh<pid of the run>-...
 SUBNET = "10.213.0"  # inside the run's namespaces only (no route leads there from outside)
@@ -73,15 +75,29 @@ def remove_namespace(name: str) -> None:
     subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
+def scratch_dir(prefix: str) -> Path:
+    """A folder of the run outside pytest's: a pytest starting anywhere on the machine takes
+    the other users' access to pytest's temporary root away again, and PostgreSQL's data
+    folder must stay open to the user the server runs as."""
+    path = Path(tempfile.gettempdir()) / f"{prefix}-data"
+    path.mkdir(mode=0o755)
+    return path
+
+
 def remove_leftovers() -> list[str]:
-    """Namespaces of earlier runs of this tier whose process is gone (a run killed before its
-    finalizers ran); returns their names."""
+    """Namespaces and scratch folders of earlier runs of this tier whose process is gone (a
+    run killed before its finalizers ran); returns their names."""
     gone = []
     for name in namespaces():
         match = _NAME.match(name)
         if match and not _alive(int(match.group(1))):
             remove_namespace(name)
             gone.append(name)
+    for path in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-data"):
+        match = _NAME.match(path.name)
+        if match and not _alive(int(match.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+            gone.append(str(path))
     return gone
 
 
@@ -191,6 +207,16 @@ class Network:
             bytecode = f"{len(program)}," + ",".join(f"{c} {t} {f} {k}" for c, t, f, k in program)
             tc(netns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "all", "prio",
                "1", "bpf", "bytecode", bytecode, "flowid", "1:1")  # fmt: skip
+
+    def dropped(self, host: Host) -> int:
+        """Packets the faults on the host's link have dropped so far (both ends)."""
+        total = 0
+        for netns, dev in self._ends(host):
+            out = run("ip", "netns", "exec", netns, "tc", "-s", "qdisc", "show", "dev", dev)
+            # The root qdisc comes first; its count includes its classes' drops.
+            found = re.search(r"dropped (\d+)", out)
+            total += int(found.group(1)) if found else 0
+        return total
 
     def block(self, host: Host, addr: str) -> None:
         """The host loses one service: packets to `addr` vanish (a blackhole route), while the
