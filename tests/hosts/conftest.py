@@ -76,7 +76,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         return
     write = terminalreporter.write_line
     write("")
-    write("multi-host scenarios (every item terminal, one result per item, counts = items):")
+    write("multi-host scenarios (every item terminal, one result per item, counts = items;")
+    write("fenced: late writes of the faulty host refused by the fence; times from the fault,")
+    write("b rows from its end):")
     write(
         f"{'scenario':40} {'items':>5} {'faults':>6} {'lost':>4} {'dup':>4} {'fenced':>6} "
         f"{'recover_s':>9} {'finish_s':>8}"

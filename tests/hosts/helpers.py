@@ -57,8 +57,8 @@ class HostReport:
     lost: int
     duplicated: int
     fenced: int  # late writes of the faulty host that the fence refused (its own count)
-    recover_s: float  # from the end of the last fault to the next finished item
-    finish_s: float  # from the end of the last fault to the job's end
+    recover_s: float  # from the fault to the next item finished
+    finish_s: float  # from the fault to the job's end
     note: str = ""
 
 
@@ -219,12 +219,14 @@ def finish(
     job_id: str,
     *,
     faults: int,
-    fault_end: datetime,
+    fault_at: datetime,
     fenced: int = 0,
     note: str = "",
 ) -> dict[str, Any]:
     """Wait for the job, check the invariants every scenario keeps, and record the report
-    line. `fault_end` is when the last fault was undone: recovery is measured from it."""
+    line. Times are measured from `fault_at`: when the fault began, since the fleet must carry
+    the job through it (a cut host stays cut until the job is done), or, for a job that comes
+    after the fault, when the fault ended."""
     job = lab.client.wait(job_id, timeout=300)
     done_at = datetime.now(UTC)
     counts = check_invariants(lab.db, uuid.UUID(job_id))
@@ -232,13 +234,13 @@ def finish(
     with lab.db.connect() as conn:
         first = conn.execute(
             sa.text("SELECT min(finished_at) FROM items WHERE job_id = :id AND finished_at > :t"),
-            {"id": job_id, "t": fault_end},
+            {"id": job_id, "t": fault_at},
         ).scalar()
-    recover = max(0.0, ((first or done_at) - fault_end).total_seconds())
+    recover = max(0.0, ((first or done_at) - fault_at).total_seconds())
     REPORTS.append(
         HostReport(
             name, job["counts"]["total"], faults, lost, duplicated, fenced, recover,
-            max(0.0, (done_at - fault_end).total_seconds()), note,
+            max(0.0, (done_at - fault_at).total_seconds()), note,
         )
     )  # fmt: skip
     assert lost == 0 and duplicated == 0

@@ -46,7 +46,7 @@ def test_a_host_joining_mid_job_takes_a_share(lab: Lab) -> None:
         (h3,) = fleet.start("h3")
         joined = datetime.now(UTC)
         wait_for(lambda: share(lab.db, job["id"], h3)[1] > 0, 30, "h3 stored results")
-        done = finish(lab, "1. a host joins mid-job", job["id"], faults=0, fault_end=joined)
+        done = finish(lab, "1. a host joins mid-job", job["id"], faults=0, fault_at=joined)
         took = stored_by(lab.db, job["id"], h3)
         REPORTS[-1].note = f"h3 stored {took} of {done['counts']['total']}"
         assert took >= 32, REPORTS[-1].note  # more than one claim's worth: a real share
@@ -92,7 +92,7 @@ def test_a_host_cut_off_while_holding_leases(lab: Lab) -> None:
         fenced = h1.fenced()  # the same count in its log and on its /metrics
         assert 0 < fenced <= held, (fenced, held)
         assert stored_by(lab.db, job["id"], h1, after=cut_at + timedelta(seconds=1)) == 0
-        finish(lab, "2. partition while holding leases", job["id"], faults=1, fault_end=healed,
+        finish(lab, "2. partition while holding leases", job["id"], faults=1, fault_at=cut_at,
                fenced=fenced,
                note=f"h1 held {held}, back in {(released - cut_at).total_seconds():.0f}s; "
                f"cut {cut_s:.0f}s")  # fmt: skip
@@ -100,7 +100,7 @@ def test_a_host_cut_off_while_holding_leases(lab: Lab) -> None:
         after = lab.client.submit(items(200, "after"), params=PARAMS)
         wait_for(lambda: stored_by(lab.db, after["id"], h1) > 0, 60, "h1 stores new results")
         assert worker_row(lab.db, h1).stopped_at is None
-        done = finish(lab, "2b. the next job, h1 back", after["id"], faults=0, fault_end=healed)
+        done = finish(lab, "2b. the next job, h1 back", after["id"], faults=0, fault_at=healed)
         took = stored_by(lab.db, after["id"], h1)
         REPORTS[-1].note = f"h1 stored {took} of {done['counts']['total']}"
     finally:
@@ -125,8 +125,8 @@ def test_a_lossy_link_for_30_s(lab: Lab) -> None:
         assert dropped > 0
         lab.client.wait(job["id"], timeout=120)
         fenced = h1.fenced()  # late writes, if h1 was judged dead while its beats were lost
-        finish(lab, "3. lossy link (20 % loss, 256 kbit/s), 30 s", job["id"], faults=1,
-               fault_end=began, fenced=fenced,
+        finish(lab, "3. lossy link 30s (20% loss, 256kbit/s)", job["id"], faults=1,
+               fault_at=began, fenced=fenced,
                note=f"{dropped} packets dropped; h1 stored {during} meanwhile")  # fmt: skip
     finally:
         fleet.stop()
@@ -154,14 +154,14 @@ def test_redis_lost_from_one_host(lab: Lab) -> None:
         lab.network.heal(h1.host)
         healed = datetime.now(UTC)
         fenced = h1.fenced()
-        finish(lab, "4. Redis lost from one host", job["id"], faults=1, fault_end=began,
+        finish(lab, "4. Redis lost from one host", job["id"], faults=1, fault_at=began,
                fenced=fenced, note=f"h1 stored {during} without Redis")  # fmt: skip
         assert fenced == 0  # it kept its leases: nothing of its was superseded
         # With Redis back, h1 takes hints again: a share of the next job.
         after = lab.client.submit(items(200, "after"), params=PARAMS)
         wait_for(lambda: stored_by(lab.db, after["id"], h1) > 0, 30, "h1 stores new results")
         done = finish(lab, "4b. the next job, Redis back", after["id"], faults=0,
-                      fault_end=healed)  # fmt: skip
+                      fault_at=healed)  # fmt: skip
         took = stored_by(lab.db, after["id"], h1)
         REPORTS[-1].note = f"h1 stored {took} of {done['counts']['total']}"
     finally:
@@ -195,13 +195,13 @@ def test_postgres_lost_from_one_host_running_vllm(lab: Lab) -> None:
         assert 0 < fenced <= held, (fenced, held)
         assert stored_by(lab.db, job["id"], h1, after=began + timedelta(seconds=1)) == 0
         back_s = (released - began).total_seconds()
-        finish(lab, "5. Postgres lost from one host (vLLM)", job["id"], faults=1, fault_end=began,
+        finish(lab, "5. Postgres lost from one host (vLLM)", job["id"], faults=1, fault_at=began,
                fenced=fenced, note=f"h1 held {held}, back in {back_s:.0f}s")  # fmt: skip
         after = lab.client.submit(items(200, "after"), params=PARAMS)
         wait_for(lambda: stored_by(lab.db, after["id"], h1) > 0, 60, "h1 stores new results")
         assert worker_row(lab.db, h1).stopped_at is None
         done = finish(lab, "5b. the next job, Postgres back", after["id"], faults=0,
-                      fault_end=healed)  # fmt: skip
+                      fault_at=healed)  # fmt: skip
         took = stored_by(lab.db, after["id"], h1)
         REPORTS[-1].note = f"h1 stored {took} of {done['counts']['total']}"
     finally:
