@@ -164,12 +164,24 @@ class Fleet:
             self.workers[worker.host.name] = worker
         return started
 
-    def __getitem__(self, name: str) -> Worker:
-        return self.workers[name]
+    def __enter__(self) -> Fleet:
+        return self
 
-    def stop(self) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is not None:
+            self.show_logs()  # pytest shows a failed test's output: what each worker said
         for worker in self.workers.values():
             worker.stack.stop_all()
+
+    def show_logs(self, lines: int = 40) -> None:
+        for name, worker in self.workers.items():
+            said = [
+                line[:400]
+                for line in worker.proc.log_text().splitlines()
+                if '"level": "INFO"' not in line
+            ]
+            print(f"--- {name} ({worker.proc.log}), last {lines} lines above INFO:")
+            print("\n".join(said[-lines:]))
 
 
 def items(n: int, prefix: str = "q") -> list[dict[str, Any]]:

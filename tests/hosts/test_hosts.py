@@ -38,8 +38,7 @@ pytestmark = pytest.mark.hosts
 
 
 def test_a_host_joining_mid_job_takes_a_share(lab: Lab) -> None:
-    fleet = Fleet(lab, "join")
-    try:
+    with Fleet(lab, "join") as fleet:
         fleet.start("h1", "h2")
         job = lab.client.submit(items(480), params=PARAMS)
         lab.client.wait(job["id"], done=96)
@@ -50,8 +49,6 @@ def test_a_host_joining_mid_job_takes_a_share(lab: Lab) -> None:
         took = stored_by(lab.db, job["id"], h3)
         REPORTS[-1].note = f"h3 stored {took} of {done['counts']['total']}"
         assert took >= 32, REPORTS[-1].note  # more than one claim's worth: a real share
-    finally:
-        fleet.stop()
 
 
 def holding(lab: Lab, job_id: str, worker: Worker, least: int = 8) -> int:
@@ -62,8 +59,7 @@ def holding(lab: Lab, job_id: str, worker: Worker, least: int = 8) -> int:
 
 
 def test_a_host_cut_off_while_holding_leases(lab: Lab) -> None:
-    fleet = Fleet(lab, "partition")
-    try:
+    with Fleet(lab, "partition") as fleet:
         h1, _h2, _h3 = fleet.start("h1", "h2", "h3")
         job = lab.client.submit(items(900), params=PARAMS)
         wait_for(lambda: holding(lab, job["id"], h1), 60, "h1 at work on the job")
@@ -103,16 +99,13 @@ def test_a_host_cut_off_while_holding_leases(lab: Lab) -> None:
         done = finish(lab, "2b. the next job, h1 back", after["id"], faults=0, fault_at=healed)
         took = stored_by(lab.db, after["id"], h1)
         REPORTS[-1].note = f"h1 stored {took} of {done['counts']['total']}"
-    finally:
-        fleet.stop()
 
 
 LOSSY_S = 30
 
 
 def test_a_lossy_link_for_30_s(lab: Lab) -> None:
-    fleet = Fleet(lab, "lossy")
-    try:
+    with Fleet(lab, "lossy") as fleet:
         h1, _h2, _h3 = fleet.start("h1", "h2", "h3")
         job = lab.client.submit(items(1200), params=PARAMS)
         wait_for(lambda: holding(lab, job["id"], h1), 60, "h1 at work on the job")
@@ -128,16 +121,13 @@ def test_a_lossy_link_for_30_s(lab: Lab) -> None:
         finish(lab, "3. lossy link 30s (20% loss, 256kbit/s)", job["id"], faults=1,
                fault_at=began, fenced=fenced,
                note=f"{dropped} packets dropped; h1 stored {during} meanwhile")  # fmt: skip
-    finally:
-        fleet.stop()
 
 
 REDIS_LOST_S = 30
 
 
 def test_redis_lost_from_one_host(lab: Lab) -> None:
-    fleet = Fleet(lab, "no-redis")
-    try:
+    with Fleet(lab, "no-redis") as fleet:
         h1, _h2, _h3 = fleet.start("h1", "h2", "h3")
         job = lab.client.submit(items(900), params=PARAMS)
         wait_for(lambda: holding(lab, job["id"], h1), 60, "h1 at work on the job")
@@ -164,15 +154,12 @@ def test_redis_lost_from_one_host(lab: Lab) -> None:
                       fault_at=healed)  # fmt: skip
         took = stored_by(lab.db, after["id"], h1)
         REPORTS[-1].note = f"h1 stored {took} of {done['counts']['total']}"
-    finally:
-        fleet.stop()
 
 
 def test_postgres_lost_from_one_host_running_vllm(lab: Lab) -> None:
     # The one scenario on the real engine: h1 runs vLLM (CPU, the demo model), which computes
     # on while its host cannot reach PostgreSQL, and goes on to the next job once it can.
-    fleet = Fleet(lab, "no-postgres")
-    try:
+    with Fleet(lab, "no-postgres") as fleet:
         h1, _h2, _h3 = fleet.start("h1", "h2", "h3", env={"h1": VLLM_HOST_ENV})
         job = lab.client.submit(items(900), params=PARAMS)
         wait_for(lambda: holding(lab, job["id"], h1), 60, "h1 at work on the job")
@@ -204,5 +191,3 @@ def test_postgres_lost_from_one_host_running_vllm(lab: Lab) -> None:
                       fault_at=healed)  # fmt: skip
         took = stored_by(lab.db, after["id"], h1)
         REPORTS[-1].note = f"h1 stored {took} of {done['counts']['total']}"
-    finally:
-        fleet.stop()
