@@ -42,7 +42,7 @@ def run(*args: str) -> str:
 def available() -> str | None:
     """Why this machine cannot run the tier, or None when it can."""
     if os.geteuid() != 0:
-        return "needs root (network namespaces, veth links and tc netem)"
+        return "needs root (network namespaces, veth links and tc queueing disciplines)"
     if shutil.which("ip") is None or shutil.which("tc") is None:
         return "needs iproute2 (`ip` and `tc`)"
     probe = f"{PREFIX}{os.getpid()}-probe"
