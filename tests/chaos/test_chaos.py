@@ -24,6 +24,7 @@ from tests.chaos.helpers import REPORTS
 from tests.chaos.helpers import Chaos
 from tests.chaos.helpers import ScenarioReport
 from tests.helpers import check_invariants
+from tests.helpers import lost_and_duplicated
 from tests.stacks import VLLM_ENV
 from thinkbatch.queue import RUN_JOB
 from thinkbatch.queue import make_celery
@@ -56,23 +57,7 @@ def staggered() -> list[dict[str, Any]]:
 
 def measure(chaos: Chaos, job_id: str) -> tuple[int, int]:
     """(lost, duplicated): items not terminal or succeeded without a result; extra results."""
-    with chaos.db.connect() as conn:
-        lost = conn.execute(
-            sa.text(
-                "SELECT count(*) FROM items i LEFT JOIN item_results r ON r.item_id = i.id "
-                "WHERE i.job_id = :id AND (i.status IN ('pending', 'running') "
-                "OR (i.status = 'succeeded' AND r.item_id IS NULL))"
-            ),
-            {"id": job_id},
-        ).scalar_one()
-        duplicated = conn.execute(
-            sa.text(
-                "SELECT count(*) - count(DISTINCT i.custom_id) FROM item_results r "
-                "JOIN items i ON i.id = r.item_id WHERE r.job_id = :id"
-            ),
-            {"id": job_id},
-        ).scalar_one()
-    return lost, duplicated
+    return lost_and_duplicated(chaos.db, job_id)
 
 
 def finish(

@@ -73,6 +73,39 @@ class Writes:
     released: list[Key] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Refused:
+    """Writes of one batch that the fence turned away, by kind: the items' leases had passed
+    on (lapsed, or released when this worker was judged dead) before the writes arrived."""
+
+    results: int = 0
+    failures: int = 0
+    ends: int = 0
+    releases: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.results + self.failures + self.ends + self.releases
+
+    def by_kind(self) -> dict[str, int]:
+        return {
+            "result": self.results,
+            "failure": self.failures,
+            "end": self.ends,
+            "release": self.releases,
+        }
+
+
+def refused(writes: Writes, applied: dict[str, Any]) -> Refused:
+    """What the fence refused of `writes`, from what each fenced write reports it applied."""
+    return Refused(
+        results=len(writes.done) - len(applied.get("done", ())),
+        failures=len(writes.failed) - len(applied.get("failed", {})),
+        ends=sum(len(keys) for keys in writes.ended.values()) - applied.get("ended", 0),
+        releases=len(writes.released) - applied.get("released", 0),
+    )
+
+
 # What an abort means for the item's record.
 _ENDS = {AbortReason.cancelled: ItemStatus.cancelled, AbortReason.expired: ItemStatus.expired}
 
@@ -192,6 +225,21 @@ class Writer:
             if closing:
                 return
 
+    def report_refused(self, fenced: Refused) -> None:
+        """Say so when the fence turned writes away: each is work of this worker that another
+        attempt superseded (it was cut off, or too slow, while its leases passed on), which an
+        operator should see rather than lose without a trace."""
+        if not fenced.total:
+            return
+        kinds = fenced.by_kind()
+        log.warning(
+            "%d late write(s) refused by the fence: their leases had passed on (%s)",
+            fenced.total,
+            ", ".join(f"{n} {kind}(s)" for kind, n in kinds.items() if n),
+            extra={"fenced": fenced.total, "fenced_by_kind": kinds},
+        )
+        metrics.fenced(kinds)
+
     def persist(self, batch: list[Outcome]) -> None:
         with clock.measure("parse"):
             writes = sort_outcomes(
@@ -206,7 +254,7 @@ class Writer:
                 stored["failed"] = ledger.fail(
                     conn, self.owner, writes.failed, max_attempts=self.settings.max_attempts
                 )
-                for status, keys in writes.ended.items():
+                stored["ended"] = sum(
                     ledger.end_items(
                         conn,
                         self.owner,
@@ -215,7 +263,9 @@ class Writer:
                         code=status.value,
                         message=f"the job was {status.value} while this item ran",
                     )
-                ledger.release(conn, self.owner, writes.released)
+                    for status, keys in writes.ended.items()
+                )
+                stored["released"] = ledger.release(conn, self.owner, writes.released)
                 stored["finished"] = ledger.finalize_jobs(conn, {o.claimed.job_id for o in batch})
 
         try:
@@ -225,6 +275,7 @@ class Writer:
             metrics.stored(
                 writes.done, writes.failed, stored.get("done", set()), stored.get("failed", {})
             )
+            self.report_refused(refused(writes, stored))
         except Exception:  # the leases lapse and the sweeper retries the items
             log.exception("could not store %d result(s)", len(batch))
         touched: set[JobHandle] = set()
