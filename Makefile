@@ -14,8 +14,13 @@ lock: install        ## rewrite locks/ after a change to pyproject.toml (ARGS=--
 demo: install        ## a demo batch end to end on embedded PostgreSQL and Redis
 	$(PY) -m demo
 
-test: install        ## every test: unit, API, end to end with vLLM, chaos
-	$(PY) -m pytest
+# The in-process tiers (unit, API) run first, one process per core; the tiers with real
+# processes, engines and faults then run one test at a time, as their timings assume.
+test: install        ## every test: unit, API, process stacks, end to end with vLLM, chaos, hosts
+	$(PY) -m pytest -q -m "not e2e and not chaos and not hosts and not slow" \
+		-n auto --maxprocesses 4; fast=$$?; \
+	$(PY) -m pytest -m "e2e or chaos or hosts or slow"; slow=$$?; \
+	exit $$(( fast || slow ))
 
 check: install       ## the edit loop: unit and API tests, no real engine, no process stacks
 	$(PY) -m pytest -q -m "not e2e and not chaos and not hosts and not slow" \

@@ -144,6 +144,12 @@ def run(local: LocalStack, serve: bool) -> int:
     console.print(f"API key (tenant demo): {api_key}")
     console.print(f'  try: curl -H "Authorization: Bearer {api_key}" {base}/v1/jobs/{job["id"]}')
     console.print(f"Flower: http://127.0.0.1:{flower.port}   (basic auth {flower_auth})")
+    # The embedded database listens on a port of its own choosing: the command names it.
+    console.print(
+        "a key for another tenant, while the services are up:\n"
+        f"  thinkbatch keys create --tenant team-b --database-url '{local.database_url}'",
+        soft_wrap=True,
+    )
     console.print(f"logs:   {stack.log_dir}")
     if serve:
         console.print("[bold]services are up; press Ctrl-C to stop them[/]")

@@ -1,5 +1,6 @@
-"""Print the README's settings table, or with --env a .env.example, from the Settings model
-(the one source of truth)."""
+"""From the Settings model (the one source of truth): docs/settings.md's table of every
+setting (`python scripts/settings_table.py`), the README's table of the bounds on what a
+request may cost (`--bounds`), and .env.example (`--env`)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,45 @@ import sys
 from thinkbatch.settings import ENV_PREFIX
 from thinkbatch.settings import Settings
 
+# The settings that bound what one request, one client or one tenant may cost the service:
+# the README's security section states each with its default.
+BOUNDS = (
+    "max_request_bytes",
+    "request_read_timeout_s",
+    "request_min_bytes_per_s",
+    "max_uploads_per_client",
+    "api_max_connections",
+    "spool_memory_bytes",
+    "max_json_depth",
+    "max_items_per_job",
+    "max_prompt_chars",
+    "max_messages_per_item",
+    "max_item_chars",
+    "max_item_values",
+    "max_tokens_cap",
+    "max_completion_window_s",
+    "max_file_bytes",
+    "max_batch_errors",
+    "auth_failures_per_minute",
+    "tenant_max_unfinished_items",
+    "tenant_jobs_per_minute",
+    "tenant_max_jobs_per_worker",
+)
 
-def table() -> str:
+
+def table(names: tuple[str, ...] | None = None) -> str:
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     for name, field in Settings.model_fields.items():
+        if names is not None and name not in names:
+            continue
         default = field.get_default(call_default_factory=True)
         shown = "(unset)" if default is None else f"`{default}`"
         rows.append(f"| `{ENV_PREFIX}{name.upper()}` | {shown} | {field.description or ''} |")
     return "\n".join(rows)
+
+
+def bounds() -> str:
+    return table(BOUNDS)
 
 
 # The variables docker-compose.yml reads for itself, not thinkbatch settings: the secrets it
@@ -58,4 +90,7 @@ def env_example() -> str:
 
 if __name__ == "__main__":
     # env_example() already ends in a newline; print() would add a second one.
-    sys.stdout.write(env_example() if "--env" in sys.argv else table() + "\n")
+    if "--env" in sys.argv:
+        sys.stdout.write(env_example())
+    else:
+        print(bounds() if "--bounds" in sys.argv else table())

@@ -9,6 +9,8 @@ they may flush.
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Callable
 from collections.abc import Iterator
 from urllib.parse import urlsplit
@@ -58,6 +60,44 @@ pytest_plugins = ["tests.runner_harness"]
 # The fuzzing (tests/api/test_openapi.py) takes hypothesis's default 100 examples per operation and
 # mode; `make check`, the edit loop, passes --hypothesis-profile=check for a fifth of them.
 hypothesis.settings.register_profile("check", max_examples=20)
+
+
+# Threads a library keeps for the life of the process by design, never a test's leftovers: the
+# runner's tokenizing pool is per runner and goes with it, these are not.
+_PROCESS_THREADS: tuple[str, ...] = ()
+
+
+@pytest.fixture(autouse=True)
+def cpu_affinity_restored() -> Iterator[None]:
+    """A runner on vLLM's CPU engine pins the process's threads (worker/affinity.py) as it
+    would a worker's; in the test process that would outlast the test and skew the next."""
+    before = os.sched_getaffinity(0)
+    yield
+    if os.sched_getaffinity(0) != before:
+        for task in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setaffinity(int(task), before)
+            except OSError:
+                pass  # the thread ended meanwhile
+
+
+@pytest.fixture(autouse=True)
+def no_thread_outlives_its_test() -> Iterator[None]:
+    """A thread a test started ends with it: a runner's housekeeper that beat on against a
+    database the session had stopped, say, logged failures after the run's summary line."""
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + 5
+    while True:
+        left = [
+            t
+            for t in threading.enumerate()
+            if t not in before and t.is_alive() and not t.name.startswith(_PROCESS_THREADS)
+        ]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert left == [], f"threads the test started still run: {[t.name for t in left]}"
 
 
 @pytest.fixture(scope="session")

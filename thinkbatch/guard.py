@@ -114,9 +114,9 @@ class _Guard:
             self.decoder.decode(raw, final=not raw)
         except UnicodeDecodeError as error:
             at = self.offset - pending + error.start + 1
-            raise _bad(
-                f"request body: invalid UTF-8 at byte {at}", code="invalid_encoding"
-            ) from None
+            bad = _bad(f"request body: invalid UTF-8 at byte {at}", code="invalid_encoding")
+            bad.offset = at - 1  # type: ignore[attr-defined]  # read by read_object
+            raise bad from None
 
     def _check_escapes(self, data: bytes, *, final: bool) -> int:
         """Raise at a lone surrogate escape; return how much of data is checked."""
@@ -137,11 +137,13 @@ class _Guard:
             lone = _SURROGATE.match(data, pos)
             if lone:
                 escape = lone.group().decode("ascii")
-                raise _bad(
+                bad = _bad(
                     f"request body: {escape} at byte {base + pos + 1} is a lone UTF-16 "
                     "surrogate, not a character",
                     code="invalid_encoding",
                 )
+                bad.offset = base + pos  # type: ignore[attr-defined]  # read by read_object
+                raise bad
             pos += 2  # `\u` and too few or malformed hex digits: the parser reports it
 
     def error_offset(self, message: str | bytes) -> int | None:
@@ -404,7 +406,8 @@ def read_body(stream: IO[bytes], limits: Limits) -> Iterator[tuple[str, Any]]:
 
 def read_object(data: bytes, limits: Limits) -> dict[str, Any]:
     """A whole JSON object (a batch file's line, a batch's create body) read under the same
-    guards as a job body, its counts over the whole object."""
+    guards as a job body, its counts over the whole object. Held whole, it can be read again:
+    a fault of its bytes (bad UTF-8, a lone surrogate) is named by the field it is in."""
     whole = Limits(
         max_depth=limits.max_depth,
         max_messages=limits.max_messages,
@@ -412,7 +415,38 @@ def read_object(data: bytes, limits: Limits) -> dict[str, Any]:
         max_values=limits.max_values,
         items_key=None,
     )
-    return {key: value for _, (key, value) in read_body(io.BytesIO(data), whole)}
+    try:
+        return {key: value for _, (key, value) in read_body(io.BytesIO(data), whole)}
+    except InputError as error:
+        offset = getattr(error, "offset", None)
+        if error.param is not None or offset is None:
+            raise
+        path = _path_at(data[:offset])
+        if not path:
+            raise
+        reason = error.message.removeprefix("request body: ")
+        raise InputError(f"{path}: {reason}", param=path, code=error.code) from None
+
+
+def _path_at(prefix: bytes) -> str:
+    """The field a JSON text is inside where `prefix` ends (the text before a fault, which is
+    well-formed so far): its events are followed as read_body follows them."""
+    stack: list[_Frame] = []
+    try:
+        for event, value in ijson.basic_parse(io.BytesIO(prefix), use_float=True):
+            if event == "map_key":
+                stack[-1].key = value
+            elif event in ("start_map", "start_array"):
+                stack.append(_Frame(_MAP if event == "start_map" else _ARRAY))
+            elif event in ("end_map", "end_array"):
+                stack.pop()
+                if stack and stack[-1].kind == _ARRAY:
+                    stack[-1].index += 1
+            elif stack and stack[-1].kind == _ARRAY:
+                stack[-1].index += 1
+    except ijson.JSONError:
+        pass  # the prefix ends in the middle of a value: that is the point
+    return _path(stack) if stack else ""
 
 
 def validation_error(error: ValidationError, prefix: str = "") -> InputError:

@@ -14,19 +14,14 @@ import pytest
 import redis
 import sqlalchemy as sa
 
-from devstack.services import free_port
-from tests.helpers import Servers
 from tests.helpers import check_invariants
 from tests.helpers import wait_until
-from tests.stacks import FAST_RECOVERY_ENV
 from tests.stacks import FLOWER_AUTH
 from tests.stacks import VLLM_ENV
 from tests.stacks import Client
-from tests.stacks import build_demo_model
-from tests.stacks import running_stack
+from tests.stacks import RunningStack
 
 pytestmark = pytest.mark.e2e
-WORKER_METRICS_PORT = free_port()
 
 THINK = {"enable_thinking": True}
 NO_THINK = {"enable_thinking": False}
@@ -55,18 +50,13 @@ ITEMS: list[dict[str, Any]] = [
 
 @pytest.fixture(scope="module")
 def e2e(
-    servers: Servers, tmp_path_factory: pytest.TempPathFactory
+    vllm_stack: RunningStack, worker_metrics_port: int
 ) -> Iterator[tuple[Client, sa.Engine, str, int | None]]:
-    build_demo_model()
-    with running_stack(
-        servers, tmp_path_factory.mktemp("e2e"), "e2e", flower=True,
-        worker_env={"THINKBATCH_WORKER_METRICS_PORT": str(WORKER_METRICS_PORT)},
-        **VLLM_ENV, **FAST_RECOVERY_ENV,
-    ) as running:  # fmt: skip
-        assert running.api is not None and running.api.port is not None
-        assert running.flower is not None
-        with Client(running.api.port, running.key()) as client:
-            yield client, running.db, running.broker, running.flower.port
+    running = vllm_stack
+    assert running.api is not None and running.api.port is not None
+    assert running.flower is not None
+    with Client(running.api.port, running.key()) as client:
+        yield client, running.db, running.broker, running.flower.port
 
 
 def prompt_tokens(item: dict[str, Any]) -> int:
@@ -204,17 +194,18 @@ def test_stop_strings_and_the_one_shot_decode_agree(
 
 
 def test_the_engines_scheduler_load_is_in_the_worker_metrics(
-    e2e: tuple[Client, sa.Engine, str, int | None],
+    e2e: tuple[Client, sa.Engine, str, int | None], worker_metrics_port: int
 ) -> None:
     """vLLM's per-step scheduler stats reach the worker's gauges while a job runs."""
     client, _, _, _ = e2e
+    port = worker_metrics_port
     # Long enough to be sampled while it runs: with 128 items (3-4 s on a faster host) one
     # run in four here saw no sample with a request running.
     items = [{"prompt": f"question {i}"} for i in range(256)]
     job = client.submit(items, params={"max_tokens": 400, "ignore_eos": True})
     seen: dict[str, float] = {}
     vllm_series: set[str] = set()
-    url = f"http://127.0.0.1:{WORKER_METRICS_PORT}/metrics"
+    url = f"http://127.0.0.1:{port}/metrics"
 
     def scrape() -> dict[str, float]:
         """The worker's samples by name (labels included), comments left out."""

@@ -6,33 +6,21 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
 from openai import OpenAI
 from openai.types.chat import ChatCompletion
 
-from tests.helpers import Servers
-from tests.stacks import FAST_RECOVERY_ENV
-from tests.stacks import VLLM_ENV
-from tests.stacks import build_demo_model
-from tests.stacks import running_stack
+from tests.stacks import RunningStack
 
 pytestmark = pytest.mark.e2e
 CHAT = "/v1/chat/completions"
 
 
 @pytest.fixture(scope="module")
-def stack_url(
-    servers: Servers, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, str]]:
-    build_demo_model()
-    with running_stack(
-        servers, tmp_path_factory.mktemp("openai-vllm"), "openai_vllm", **VLLM_ENV,
-        **FAST_RECOVERY_ENV,
-    ) as running:  # fmt: skip
-        yield running.base_url, running.key()
+def stack_url(vllm_stack: RunningStack) -> tuple[str, str]:
+    return vllm_stack.base_url, vllm_stack.key()
 
 
 def test_chat_batch_on_vllm(stack_url: tuple[str, str], request: pytest.FixtureRequest) -> None:

@@ -19,17 +19,19 @@ import time
 from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Annotated
 from typing import Any
 
-import httpx
-import openai
 import typer
 from rich.console import Console
 from rich.progress import BarColumn
 from rich.progress import Progress
 from rich.progress import TextColumn
 from rich.progress import TimeRemainingColumn
+
+if TYPE_CHECKING:
+    import httpx
 
 from thinkbatch.cli import keys as keys_cli
 
@@ -55,7 +57,13 @@ class Format(StrEnum):
 
 
 class Api:
+    """The client's transports, imported when a command needs them: `thinkbatch keys` works in
+    the API's image, which carries neither httpx nor the openai SDK."""
+
     def __init__(self, base_url: str, api_key: str | None):
+        import httpx
+        import openai
+
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(base_url=self.base_url, headers=headers, timeout=60)
@@ -344,15 +352,34 @@ def run() -> None:
     except (CliError, keys_cli.KeysError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(ERROR)
-    except openai.APIStatusError as error:
-        print(f"error: HTTP {error.status_code} {error.message}", file=sys.stderr)
+    except Exception as error:
+        message = _client_error(error)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
         sys.exit(ERROR)
-    except (openai.APIConnectionError, httpx.TransportError) as error:
-        print(f"error: cannot reach the API: {error}", file=sys.stderr)
-        sys.exit(ERROR)
-    except OSError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(ERROR)
+
+
+def _client_error(error: Exception) -> str | None:
+    """One line for an error of the API's transports (imported only if a command used them),
+    or of the file system; None for anything else."""
+    openai = sys.modules.get("openai")
+    httpx = sys.modules.get("httpx")
+    if openai is not None and isinstance(error, openai.APIStatusError):
+        return f"HTTP {error.status_code} {error.message}"
+    transports = tuple(
+        t
+        for t in (
+            getattr(openai, "APIConnectionError", None),
+            getattr(httpx, "TransportError", None),
+        )
+        if isinstance(t, type)
+    )
+    if transports and isinstance(error, transports):
+        return f"cannot reach the API: {error}"
+    if isinstance(error, OSError):
+        return str(error)
+    return None
 
 
 if __name__ == "__main__":

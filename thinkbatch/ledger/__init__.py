@@ -1,5 +1,6 @@
-"""Every state change of items, as fenced SQL on one connection. The worker, the sweeper and
-the API's cancel all go through here.
+"""Every write to the database, as SQL on one connection: every state change of items (fenced),
+and the rows a submission, an upload or a key adds. The worker, the sweeper, the job service and
+the API all write through here.
 
 Two rules keep this correct under concurrency:
 

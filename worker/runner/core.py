@@ -68,6 +68,9 @@ class Runner:
         self.window = settings.inflight_window
         self.stopping = threading.Event()
         self._dead = threading.Event()
+        # Set once the runner is closed: its housekeeper (which beats until then: our leases
+        # stand until we release them) ends, and close() waits for every thread it started.
+        self._closed = threading.Event()
         self.inflight = InFlight(
             self.window,
             most=settings.inflight_window_most,
@@ -115,6 +118,7 @@ class Runner:
             stopping=self.stopping,
             dead=self._dead,
             finished=self._finished,
+            closed=self._closed,
         )
         self._threads: list[threading.Thread] = []
 
@@ -188,6 +192,10 @@ class Runner:
         except Exception:  # the process exits next; the reaper cleans up
             log.exception("engine shutdown failed")
         self.engine_loop.stop()
+        self._closed.set()
+        self._finished.set()  # wakes the housekeeper, which then sees it is closed
+        for thread in self._threads:
+            thread.join(max(0.1, deadline - time.monotonic()))
         try:
             with self.db.begin() as conn:
                 ledger.mark_stopped(conn, self.owner)

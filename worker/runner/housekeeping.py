@@ -56,6 +56,7 @@ class Housekeeper:
         stopping: threading.Event,
         dead: threading.Event,
         finished: threading.Event | None = None,
+        closed: threading.Event | None = None,
     ) -> None:
         self.settings = settings
         self.db = db
@@ -67,6 +68,7 @@ class Housekeeper:
         self.stopping = stopping
         self.dead = dead
         self.finished = finished or threading.Event()
+        self.closed = closed or threading.Event()
         self._adopted: dict[uuid.UUID, float] = {}  # job -> when we sent ourselves a hint
 
     def run(self) -> None:
@@ -74,7 +76,7 @@ class Housekeeper:
         next_sweep = time.monotonic() + self.settings.sweep_interval_s * 0.5
         last_beat = time.monotonic()
         judge_after = 0.0
-        while not self.dead.is_set():
+        while not self.dead.is_set() and not self.closed.is_set():
             try:
                 with self.db.begin() as conn:
                     ledger.beat(conn, self.owner)
@@ -98,8 +100,8 @@ class Housekeeper:
         store of this worker finished meanwhile at once: a finished batch is shown
         `finalizing` until they exist (thinkbatch/batches.py)."""
         while not self.dead.is_set() and (left := until - time.monotonic()) > 0:
-            if not self.finished.wait(left) or self.dead.is_set():
-                continue
+            if not self.finished.wait(left) or self.dead.is_set() or self.closed.is_set():
+                return
             self.finished.clear()
             try:
                 batches.make_due_files(self.db)
