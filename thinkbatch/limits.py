@@ -133,6 +133,30 @@ SAMPLING_LIMITS: dict[str, Limit] = {
             "Repetition penalty, in (0, 10]; 1 is none.",
         ),
         Limit(
+            "n",
+            int,
+            Bound(1, True, "engine"),
+            Bound(128, True, "api", "a typo guard; MAX_CHOICES applies on top"),
+            "Choices to generate for the item, each with its own thinking and answer; at most "
+            "MAX_CHOICES.",
+        ),
+        Limit(
+            "min_p",
+            float,
+            Bound(0.0, True, "engine"),
+            Bound(1.0, True, "engine"),
+            "Drop tokens below this fraction of the likeliest token's probability, in [0, 1].",
+        ),
+        Limit(
+            "top_logprobs",
+            int,
+            # vLLM reads -1 as "the whole vocabulary": megabytes per token.
+            Bound(0, True, "api", "vLLM reads -1 as the whole vocabulary"),
+            Bound(20, True, "api", "OpenAI's bound, and vLLM's default max_logprobs"),
+            "Most likely alternatives returned per answer token, 0 to 20; needs logprobs: true.",
+            engine_name="logprobs",
+        ),
+        Limit(
             "thinking_budget",
             int,
             # 0 would be no thinking at all: that is enable_thinking=false, said plainly.
@@ -153,6 +177,15 @@ SAMPLING_LIMITS: dict[str, Limit] = {
 # and length caps are ours (the engine holds back len(longest stop) - 1 characters of output).
 STOP_MAX_STRINGS = 16
 STOP_MAX_CHARS = 256
+
+# logit_bias: OpenAI's value range (vLLM's OpenAI server clamps to it); the entry count is ours.
+LOGIT_BIAS_MAX = 100.0
+LOGIT_BIAS_MAX_ENTRIES = 1024
+# stop_token_ids: token ids are checked against the vocabulary by the engine (the item fails
+# as invalid_request); the count is ours.
+STOP_TOKEN_IDS_MAX = 64
+# tools: OpenAI's limit of functions per request.
+TOOLS_MAX = 128
 
 
 def range_text(name: str) -> str | None:

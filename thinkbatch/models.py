@@ -113,7 +113,8 @@ class Job(Base):
         sa.String(64), default=DEFAULT_TENANT, server_default=DEFAULT_TENANT
     )
     model: orm.Mapped[str] = orm.mapped_column(sa.String(256))
-    params: orm.Mapped[dict[str, Any]] = orm.mapped_column(default=dict)
+    # json, not jsonb: jsonb sorts keys, and a schema's property order is its answer's order.
+    params: orm.Mapped[dict[str, Any]] = orm.mapped_column(sa.JSON, default=dict)
     # NULL when the request gave none: a batch echoes `metadata: {}` and a missing one apart.
     meta: orm.Mapped[dict[str, Any] | None] = orm.mapped_column("metadata", default=dict)
     priority: orm.Mapped[int] = orm.mapped_column(default=0)
@@ -211,7 +212,7 @@ class Item(Base):
     custom_id: orm.Mapped[str] = orm.mapped_column(sa.String(128))
     messages: orm.Mapped[list[dict[str, Any]] | None] = orm.mapped_column(JSONB)
     prompt: orm.Mapped[str | None] = orm.mapped_column(sa.Text)
-    params: orm.Mapped[dict[str, Any] | None]
+    params: orm.Mapped[dict[str, Any] | None] = orm.mapped_column(sa.JSON)
     status: orm.Mapped[ItemStatus] = orm.mapped_column(
         _status_enum(ItemStatus, "status"), default=ItemStatus.pending
     )
@@ -226,11 +227,18 @@ class Item(Base):
     finished_at: orm.Mapped[datetime | None]
     error_code: orm.Mapped[str | None] = orm.mapped_column(sa.String(64))
     error_message: orm.Mapped[str | None] = orm.mapped_column(sa.Text)
+    # The field a refused line's error names (an OpenAI error file's `param`).
+    error_param: orm.Mapped[str | None] = orm.mapped_column(sa.String(256))
 
     __table_args__ = (
         sa.UniqueConstraint("job_id", "seq"),
         sa.UniqueConstraint("job_id", "custom_id"),
-        sa.CheckConstraint("(messages IS NULL) <> (prompt IS NULL)", name="one_input"),
+        # A line refused for its body is stored failed, with no input (thinkbatch/openai).
+        sa.CheckConstraint(
+            "(messages IS NULL) <> (prompt IS NULL) "
+            "OR (messages IS NULL AND prompt IS NULL AND status = 'failed')",
+            name="one_input",
+        ),
         # Claims (status = 'pending' ordered by seq) and status-filtered pages.
         sa.Index("ix_items_job_id_status_seq", "job_id", "status", "seq"),
         # The sweeper's scan for lapsed leases and dead owners.
@@ -259,6 +267,9 @@ class ItemResult(Base):
     prompt_tokens: orm.Mapped[int]
     completion_tokens: orm.Mapped[int]
     reasoning_tokens: orm.Mapped[int]
+    # Every choice (thinking, answer, finish reason, tool calls, logprobs) of an item that asked
+    # for more than the plain one; NULL otherwise (the columns above are its one choice).
+    choices: orm.Mapped[list[dict[str, Any]] | None] = orm.mapped_column(JSONB)
     worker_id: orm.Mapped[str] = orm.mapped_column(sa.String(128))
     created_at: orm.Mapped[datetime] = orm.mapped_column(server_default=sa.func.now())
 

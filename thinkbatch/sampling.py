@@ -1,10 +1,21 @@
-"""Resolve a job's sampling parameters, one item's overrides and the defaults into one value."""
+"""Resolve a job's sampling parameters, one item's overrides and the defaults into one value.
+
+An item's params override the job's key by key, except for three groups that replace the job's
+as a whole when the item sets any member: the answer's constraint (`response_format`,
+`structured_outputs`, `tools`, `tool_choice`), logprobs (`logprobs`, `top_logprobs`), and the
+thinking (`reasoning_effort`, which stands for `enable_thinking` and `thinking_budget` of its
+own layer). An item that asks for a regex thus never inherits the job's tools, and the API checks
+each layer's group on its own (thinkbatch/jobs/combos.py).
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from dataclasses import field
 from typing import Any
+from typing import Literal
 
 # Qwen3's recommended sampling per mode (model card): greedy decoding makes thinking models
 # loop, so unset values follow the mode instead of a single global default.
@@ -27,6 +38,132 @@ class Sampling:
     ignore_eos: bool
     # None with thinking off: the budget is ignored then (documented on the field), not an error.
     thinking_budget: int | None = None
+    n: int = 1
+    min_p: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None  # None: none asked; k: the sampled token and k alternatives
+    structured: Structured | None = None
+    tools: list[dict[str, Any]] | None = None  # OpenAI tool objects, for the chat template
+    tool_mode: Literal["none", "auto", "required", "named"] = "none"
+    tool_name: str | None = None  # the function tool_choice names
+
+
+StructuredKind = Literal["json", "json_object", "regex", "choice", "grammar"]
+
+
+@dataclass(frozen=True, slots=True)
+class Structured:
+    """One constraint on the answer, in the form the engine takes it. `spec` is canonical (a
+    schema's keys sorted), so that items sharing a schema share the engine's compiled grammar."""
+
+    kind: StructuredKind
+    spec: str | list[str] | bool
+    schema: dict[str, Any] | None = field(default=None, hash=False, compare=False)
+
+    @property
+    def json_answer(self) -> bool:
+        """The answer must parse as JSON (and match `schema` when there is one)."""
+        return self.kind in ("json", "json_object")
+
+
+ANSWER_GROUP = ("response_format", "structured_outputs", "tools", "tool_choice")
+LOGPROBS_GROUP = ("logprobs", "top_logprobs")
+THINKING_GROUP = ("reasoning_effort", "enable_thinking", "thinking_budget")
+_GROUPS = (ANSWER_GROUP, LOGPROBS_GROUP)
+
+DEFAULT_EFFORT_BUDGETS: dict[str, int | None] = {
+    "minimal": 256,
+    "low": 1024,
+    "medium": 4096,
+    "high": None,
+}
+
+
+def _layer(params: Mapping[str, Any] | None, efforts: Mapping[str, int | None]) -> dict[str, Any]:
+    """One layer's params with its reasoning_effort spelled out as the two thinking keys (a
+    None budget overrides the other layer's budget: none at all)."""
+    out = dict(params or {})
+    effort = out.pop("reasoning_effort", None)
+    if effort == "none":
+        out["enable_thinking"] = False
+        out["thinking_budget"] = None
+    elif effort is not None:
+        out["enable_thinking"] = True
+        out["thinking_budget"] = efforts.get(effort)
+        out["_effort"] = True  # its budget applies only where it can bind (below max_tokens)
+    return out
+
+
+def merge_layers(
+    job_params: Mapping[str, Any] | None,
+    item_params: Mapping[str, Any] | None,
+    efforts: Mapping[str, int | None] = DEFAULT_EFFORT_BUDGETS,
+) -> dict[str, Any]:
+    merged = _layer(job_params, efforts)
+    item = _layer(item_params, efforts)
+    for group in _GROUPS:
+        if any(k in item for k in group):
+            for k in group:
+                merged.pop(k, None)
+    if "thinking_budget" in item and item.get("_effort") is None:
+        merged.pop("_effort", None)
+    merged.update(item)
+    return merged
+
+
+def _canonical(schema: Mapping[str, Any]) -> str:
+    return json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _tool_call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """tool_choice `required`: a JSON array of one or more calls of the given functions, the
+    schema vLLM builds for the same choice."""
+    calls = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "enum": [t["function"]["name"]]},
+                "parameters": t["function"].get("parameters") or {"type": "object"},
+            },
+            "required": ["name", "parameters"],
+        }
+        for t in tools
+    ]
+    return {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+
+
+def structured_of(merged: Mapping[str, Any]) -> tuple[Structured | None, str, str | None]:
+    """The answer's constraint, the tool mode and the named function of resolved params."""
+    tools = merged.get("tools")
+    choice = merged.get("tool_choice")
+    if tools:
+        if choice == "required":
+            schema = _tool_call_schema(tools)
+            return Structured("json", _canonical(schema), schema), "required", None
+        if isinstance(choice, Mapping):
+            name = choice["function"]["name"]
+            function = next(t["function"] for t in tools if t["function"]["name"] == name)
+            schema = function.get("parameters") or {"type": "object"}
+            return Structured("json", _canonical(schema), schema), "named", name
+        if choice != "none":
+            return None, "auto", None
+    fmt = merged.get("response_format")
+    if fmt is not None and fmt["type"] == "json_schema":
+        schema = fmt["json_schema"].get("schema") or {"type": "object"}
+        return Structured("json", _canonical(schema), schema), "none", None
+    if fmt is not None and fmt["type"] == "json_object":
+        return Structured("json_object", True), "none", None
+    so = merged.get("structured_outputs")
+    if so is not None:
+        if "json" in so:
+            return Structured("json", _canonical(so["json"]), so["json"]), "none", None
+        if "json_object" in so:
+            return Structured("json_object", True), "none", None
+        kind = next(k for k in ("regex", "choice", "grammar") if k in so)
+        return Structured(kind, so[kind]), "none", None
+    return None, "none", None
 
 
 def resolve_sampling(
@@ -34,14 +171,20 @@ def resolve_sampling(
     item_params: Mapping[str, Any] | None,
     *,
     default_max_tokens: int,
+    effort_budgets: Mapping[str, int | None] = DEFAULT_EFFORT_BUDGETS,
 ) -> Sampling:
-    merged: dict[str, Any] = {**(job_params or {}), **(item_params or {})}
+    merged = merge_layers(job_params, item_params, effort_budgets)
     thinking = bool(merged.get("enable_thinking", True))
     mode = _THINKING_DEFAULTS if thinking else _ANSWER_DEFAULTS
     stop = merged.get("stop")
+    max_tokens = int(merged.get("max_tokens", default_max_tokens))
     budget = merged.get("thinking_budget") if thinking else None
+    if budget is not None and merged.get("_effort") and budget >= max_tokens:
+        budget = None  # an effort's budget that cannot bind: the item thinks up to max_tokens
+    structured, tool_mode, tool_name = structured_of(merged)
+    bias = merged.get("logit_bias")
     return Sampling(
-        max_tokens=int(merged.get("max_tokens", default_max_tokens)),
+        max_tokens=max_tokens,
         temperature=float(merged.get("temperature", mode["temperature"])),
         top_p=float(merged.get("top_p", mode["top_p"])),
         top_k=int(merged.get("top_k", mode["top_k"])),
@@ -53,4 +196,14 @@ def resolve_sampling(
         enable_thinking=thinking,
         ignore_eos=bool(merged.get("ignore_eos", False)),
         thinking_budget=int(budget) if budget is not None else None,
+        n=int(merged.get("n", 1)),
+        min_p=float(merged.get("min_p", 0.0)),
+        logit_bias={int(k): float(v) for k, v in bias.items()} if bias else None,
+        stop_token_ids=tuple(merged.get("stop_token_ids") or ()),
+        include_stop_str_in_output=bool(merged.get("include_stop_str_in_output", False)),
+        logprobs=int(merged.get("top_logprobs", 0)) if merged.get("logprobs") else None,
+        structured=structured,
+        tools=merged.get("tools") if tool_mode != "none" else None,
+        tool_mode=tool_mode,  # type: ignore[arg-type]
+        tool_name=tool_name,
     )

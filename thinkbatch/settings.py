@@ -176,6 +176,12 @@ class Settings(BaseSettings):
         "while the model computes, which on the free cores takes CPU the worker needs "
         "(worker/affinity.py).",
     )
+    reasoning_parser: str = Field(
+        "qwen3",
+        description="vLLM's reasoning parser for the served model: a structured answer's "
+        "grammar starts after the thinking it finds (`qwen3` for Qwen3 and its kin). Empty: "
+        "none, and a constraint then applies from the first token.",
+    )
     speculative_config: dict[str, Any] | None = Field(
         None, description="JSON passed to vLLM as speculative_config (draft model, n tokens)."
     )
@@ -228,6 +234,32 @@ class Settings(BaseSettings):
     )
     max_completion_window_s: int = Field(
         7 * 86400, ge=1, description="Largest completion_window a job may ask for."
+    )
+
+    max_choices: int = Field(
+        8,
+        ge=1,
+        le=128,
+        description="Largest `n` (choices per item) a job or line may ask for; each choice costs "
+        "a full generation.",
+    )
+    max_grammar_chars: int = Field(
+        65536,
+        ge=1,
+        description="Most characters of answer constraints in one params object: a schema, "
+        "regex, grammar, choice list or the tools' schemas (400 above). Bounds what the "
+        "engine's grammar compiler is handed.",
+    )
+    max_logprob_entries: int = Field(
+        131072,
+        ge=1,
+        description="Most log probabilities one item may return: max_tokens x n x "
+        "(top_logprobs + 1) must stay within it (400 above). Bounds a stored result's size.",
+    )
+    reasoning_effort_budgets: dict[Literal["minimal", "low", "medium", "high"], int | None] = Field(
+        default_factory=lambda: {"minimal": 256, "low": 1024, "medium": 4096, "high": None},
+        description="JSON: the thinking budget of each `reasoning_effort` (null: no budget); "
+        "`none` turns thinking off. A budget at or above an item's max_tokens does not apply.",
     )
 
     # --- OpenAI Files and Batches API ---------------------------------------------------------
@@ -451,6 +483,8 @@ class Settings(BaseSettings):
             raise ValueError("MAX_PROMPT_CHARS must not exceed MAX_ITEM_CHARS")
         if self.default_max_tokens > self.max_tokens_cap:
             raise ValueError("DEFAULT_MAX_TOKENS must not exceed MAX_TOKENS_CAP")
+        if any(b is not None and b < 1 for b in self.reasoning_effort_budgets.values()):
+            raise ValueError("REASONING_EFFORT_BUDGETS: each budget is null or at least 1")
         if self.inflight_max_factor < self.inflight_factor:
             raise ValueError(
                 "INFLIGHT_MAX_FACTOR must be at least INFLIGHT_FACTOR "

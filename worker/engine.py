@@ -45,10 +45,20 @@ class Prepared:
 
 @dataclass(slots=True)  # not frozen: one per item (see ledger.Claimed)
 class Generation:
+    """One choice of an item's output; `more` holds the item's other choices (`n` > 1), each
+    with its own tokens and finish reason. `logprobs`, when the item asked for them, has one
+    entry per token of `token_ids` in OpenAI's shape (`token`, `logprob`, `bytes`,
+    `top_logprobs`)."""
+
     token_ids: list[int]
     text: str
     finish_reason: str
     prompt_tokens: int
+    logprobs: list[dict[str, Any]] | None = None
+    more: list[Generation] | None = None
+
+    def choices(self) -> list[Generation]:
+        return [self, *(self.more or ())]
 
 
 @dataclass(frozen=True, slots=True)

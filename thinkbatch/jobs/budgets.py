@@ -36,6 +36,8 @@ class BudgetCheck:
         thinking = params.enable_thinking if params is not None else None
         if thinking is False:
             return  # the budget is ignored with thinking off
+        if params is not None and params.reasoning_effort is not None:
+            return  # the effort decides: its budget applies only below max_tokens
         pattern = (max_tokens is not None, budget is not None, thinking)
         if max_tokens is not None and budget is not None:
             if budget < max_tokens:
@@ -52,7 +54,7 @@ class BudgetCheck:
 
     def finish(self, job: SamplingParamsIn) -> None:
         """Check every kept item against the job's params (raises InputError)."""
-        job_thinking = job.enable_thinking is not False
+        job_thinking = job.enable_thinking is not False and job.reasoning_effort != "none"
         for pattern, worst in sorted(self._worst.items(), key=lambda kv: kv[1].index):
             thinking = pattern[2] if pattern[2] is not None else job_thinking
             if not thinking:

@@ -39,7 +39,9 @@ class ContextBound:
         if item.prompt is not None:
             return -(-len(item.prompt.encode("utf-8")) // self.token_bytes_max)
         messages = item.messages or ()
-        size = sum(len(m.content.encode("utf-8")) for m in messages if m.role in _VERBATIM_ROLES)
+        size = sum(
+            len((m.content or "").encode("utf-8")) for m in messages if m.role in _VERBATIM_ROLES
+        )
         return -(-size // self.token_bytes_max) + len(messages) * self.message_tokens_min
 
     def refusal(self, item: ItemIn) -> str | None:

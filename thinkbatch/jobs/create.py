@@ -18,6 +18,8 @@ from pydantic import ValidationError
 from thinkbatch.errors import InputError
 from thinkbatch.guard import validation_error
 from thinkbatch.jobs.budgets import BudgetCheck
+from thinkbatch.jobs.combos import Combinations
+from thinkbatch.jobs.combos import check_params
 from thinkbatch.jobs.context import ContextBound
 from thinkbatch.jobs.wire import ItemIn
 from thinkbatch.jobs.wire import JobHeader
@@ -52,6 +54,7 @@ def check_header(header: JobHeader, settings: Settings) -> None:
             param="completion_window",
         )
     _check_max_tokens(header.params.max_tokens, "params.max_tokens", settings)
+    check_params(header.params, "params", settings)
 
 
 def parse_item(index: int, raw: Any) -> ItemIn:
@@ -78,6 +81,7 @@ class ItemRows:
         self.ids: dict[str, int] = {}  # custom_id -> index; generated ones are negative
         self.count = 0
         self.budgets = BudgetCheck(settings.default_max_tokens)
+        self.combos = Combinations(settings)
 
     def row(self, index: int, item: ItemIn) -> tuple[object, ...]:
         if index >= self.settings.max_items_per_job:
@@ -91,6 +95,7 @@ class ItemRows:
                 item.params.max_tokens, f"items[{index}].params.max_tokens", self.settings
             )
         self.budgets.item(index, item.params)
+        self.combos.item(index, item)
         custom_id = item.custom_id
         if custom_id is None:
             custom_id = f"item-{index}"
@@ -117,7 +122,9 @@ class ItemRows:
         self.count += 1
         # Serialized by pydantic's Rust core: json.dumps over model_dump() cost 4x as much.
         messages = (
-            _MESSAGES.dump_json(item.messages).decode() if item.messages is not None else None
+            _MESSAGES.dump_json(item.messages, exclude_none=True).decode()
+            if item.messages is not None
+            else None
         )
         params = item.params.overrides() if item.params is not None else None
         return (
@@ -133,6 +140,7 @@ class ItemRows:
     def finish(self, header: JobHeader) -> None:
         """The checks that need the job's params and every item (streamed in any order)."""
         self.budgets.finish(header.params)
+        self.combos.finish(header.params)
 
     def _check_size(self, index: int, item: ItemIn) -> None:
         # Bounded here, at submit: a 5 MB prompt would cost the worker seconds of tokenizing
@@ -141,7 +149,7 @@ class ItemRows:
         if item.prompt is not None:
             size, param = len(item.prompt), f"items[{index}].prompt"
         else:
-            size = sum(len(m.content) for m in item.messages or ())
+            size = sum(len(m.content or "") for m in item.messages or ())
             param = f"items[{index}].messages"
         if size > cap:
             what = "characters" if item.prompt is not None else "characters of content in all"

@@ -9,6 +9,7 @@ client downloading 100,000 answers need not pay for the reasoning).
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from thinkbatch.jobs.wire import ChoiceOut
 from thinkbatch.jobs.wire import ErrorInfo
 from thinkbatch.jobs.wire import ItemOut
 from thinkbatch.jobs.wire import Usage
@@ -44,15 +46,40 @@ class ResultRow:
     prompt_tokens: int | None
     completion_tokens: int | None
     reasoning_tokens: int | None
+    # Every choice as the worker stored it (ledger Done.choices); None for a plain item.
+    choices: list[dict[str, Any]] | None = None
+    error_param: str | None = None
+
+    def all_choices(self) -> list[dict[str, Any]]:
+        """The item's choices as records, its one plain choice made from the row's columns."""
+        if self.choices is not None:
+            return self.choices
+        return [
+            {
+                "thinking": self.thinking,
+                "answer": self.answer,
+                "finish_reason": self.finish_reason,
+                "thinking_truncated": self.thinking_truncated,
+                "completion_tokens": self.completion_tokens or 0,
+                "reasoning_tokens": self.reasoning_tokens or 0,
+            }
+        ]
 
     def item_out(self) -> ItemOut:
         """The native record of the item."""
+        choices = [choice_out(i, c, self.thinking is not None)
+                   for i, c in enumerate(self.all_choices())] if self.choices else None  # fmt: skip
+        first = choices[0] if choices else None
         return ItemOut(
             custom_id=self.custom_id,
             status=self.status,
             thinking=self.thinking,
-            answer=self.answer,
-            finish_reason=self.finish_reason,
+            answer=first.answer if first else self.answer,
+            answer_json=first.answer_json if first else None,
+            tool_calls=first.tool_calls if first else None,
+            logprobs=first.logprobs if first else None,
+            choices=choices if choices and len(choices) > 1 else None,
+            finish_reason=first.finish_reason if first else self.finish_reason,
             thinking_truncated=self.thinking_truncated,
             usage=(
                 Usage(
@@ -74,6 +101,22 @@ class ResultRow:
         )
 
 
+def choice_out(index: int, record: dict[str, Any], with_thinking: bool = True) -> ChoiceOut:
+    answer = record.get("answer")
+    return ChoiceOut(
+        index=index,
+        thinking=record.get("thinking") if with_thinking else None,
+        answer=answer,
+        answer_json=json.loads(answer) if record.get("json") and answer else None,
+        tool_calls=record.get("tool_calls"),
+        logprobs=record.get("logprobs"),
+        finish_reason=record.get("finish_reason"),
+        thinking_truncated=record.get("thinking_truncated"),
+        completion_tokens=record.get("completion_tokens") or 0,
+        reasoning_tokens=record.get("reasoning_tokens") or 0,
+    )
+
+
 _COLUMNS: tuple[Any, ...] = (
     Item.id,
     Item.seq,
@@ -91,9 +134,22 @@ _COLUMNS: tuple[Any, ...] = (
     ItemResult.prompt_tokens,
     ItemResult.completion_tokens,
     ItemResult.reasoning_tokens,
+    ItemResult.choices,
+    Item.error_param,
 )
+# Without thinking: not the column, nor each choice's (taken out by Postgres, so that a client
+# downloading answers does not receive the reasoning either way).
+_CHOICES_WITHOUT_THINKING = sa.literal_column(
+    "(SELECT jsonb_agg(e.c - 'thinking' ORDER BY e.o) "
+    "FROM jsonb_array_elements(item_results.choices) WITH ORDINALITY AS e(c, o))"
+).label("choices")
 _NO_THINKING = tuple(
-    sa.null().label("thinking") if column is ItemResult.thinking else column for column in _COLUMNS
+    sa.null().label("thinking")
+    if column is ItemResult.thinking
+    else _CHOICES_WITHOUT_THINKING
+    if column is ItemResult.choices
+    else column
+    for column in _COLUMNS
 )
 
 

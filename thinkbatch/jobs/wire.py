@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 from typing import Annotated
+from typing import Any
 from typing import Literal
 
 from pydantic import AfterValidator
@@ -19,9 +20,17 @@ from pydantic import ValidationInfo
 from pydantic import field_validator
 from pydantic import model_validator
 
+from thinkbatch.jobs.asks import ReasoningEffort
+from thinkbatch.jobs.asks import ResponseFormat
+from thinkbatch.jobs.asks import StructuredOutputs
+from thinkbatch.jobs.asks import ToolChoice
+from thinkbatch.jobs.asks import Tools
+from thinkbatch.limits import LOGIT_BIAS_MAX
+from thinkbatch.limits import LOGIT_BIAS_MAX_ENTRIES
 from thinkbatch.limits import SAMPLING_LIMITS
 from thinkbatch.limits import STOP_MAX_CHARS
 from thinkbatch.limits import STOP_MAX_STRINGS
+from thinkbatch.limits import STOP_TOKEN_IDS_MAX
 
 _INPUT = ConfigDict(extra="forbid", strict=True)
 
@@ -33,6 +42,8 @@ def _non_empty_stop(value: str) -> str:
 
 
 StopString = Annotated[str, Field(max_length=STOP_MAX_CHARS), AfterValidator(_non_empty_stop)]
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+Bias = Annotated[float, Field(ge=-LOGIT_BIAS_MAX, le=LOGIT_BIAS_MAX, allow_inf_nan=False)]
 
 
 class SamplingParamsIn(BaseModel):
@@ -56,6 +67,40 @@ class SamplingParamsIn(BaseModel):
     thinking_budget: int | None = SAMPLING_LIMITS["thinking_budget"].field()
     enable_thinking: bool | None = None
     ignore_eos: bool | None = None
+    reasoning_effort: ReasoningEffort | None = Field(
+        None,
+        description="`none` turns thinking off; `minimal` to `high` set a thinking budget from "
+        "REASONING_EFFORT_BUDGETS. Not with enable_thinking or thinking_budget beside it.",
+    )
+    n: int | None = SAMPLING_LIMITS["n"].field()
+    min_p: float | None = SAMPLING_LIMITS["min_p"].field()
+    logit_bias: dict[Annotated[str, Field(pattern=r"^[0-9]{1,10}$")], Bias] | None = Field(
+        None,
+        max_length=LOGIT_BIAS_MAX_ENTRIES,
+        description="Token id (a decimal string) to a bias in [-100, 100] added to its logit.",
+    )
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=STOP_TOKEN_IDS_MAX)] | None = Field(
+        None, description="Token ids that end the generation, as a stop string does."
+    )
+    include_stop_str_in_output: bool | None = Field(
+        None, description="Keep the stop string that ended the answer at its end."
+    )
+    logprobs: bool | None = Field(
+        None, description="Return the log probability of each answer token (OpenAI's shape)."
+    )
+    top_logprobs: int | None = SAMPLING_LIMITS["top_logprobs"].field()
+    response_format: ResponseFormat | None = Field(
+        None, description="OpenAI's: text, json_object or json_schema, for the answer only."
+    )
+    structured_outputs: StructuredOutputs | None = Field(
+        None, description="vLLM's: json, regex, choice or grammar, for the answer only."
+    )
+    tools: Tools | None = Field(
+        None, description="Functions the model may call, rendered by the chat template."
+    )
+    tool_choice: ToolChoice | None = Field(
+        None, description="none, auto (the default with tools), required, or a named function."
+    )
 
     @field_validator(*(n for n, limit in SAMPLING_LIMITS.items() if limit.min_nonzero))
     @classmethod
@@ -67,14 +112,42 @@ class SamplingParamsIn(BaseModel):
         return value
 
     def overrides(self) -> dict[str, object]:
-        return self.model_dump(exclude_none=True)
+        return self.model_dump(exclude_none=True, by_alias=True)
+
+
+class ToolCallFunction(BaseModel):
+    model_config = _INPUT
+    name: str = Field(min_length=1, max_length=64)
+    arguments: str = Field(description="The call's arguments as a JSON string, as OpenAI's.")
+
+
+class ToolCall(BaseModel):
+    model_config = _INPUT
+    id: str = Field(min_length=1, max_length=128)
+    type: Literal["function"]
+    function: ToolCallFunction
 
 
 class Message(BaseModel):
+    """One turn. An assistant turn may carry earlier `tool_calls` (its content may then be
+    null), and a `tool` turn the result of one (`tool_call_id`)."""
+
     model_config = _INPUT
 
-    role: Literal["system", "user", "assistant"]
-    content: str
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    tool_calls: list[ToolCall] | None = Field(None, min_length=1)
+    tool_call_id: str | None = Field(None, min_length=1, max_length=128)
+
+    @model_validator(mode="after")
+    def _shape_of_its_role(self) -> Message:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content: Field required (null only beside an assistant's tool_calls)")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("tool_calls: only an assistant message carries tool calls")
+        if (self.tool_call_id is not None) != (self.role == "tool"):
+            raise ValueError("tool_call_id: a tool message names the call it answers, and only it")
+        return self
 
 
 class ItemIn(BaseModel):
@@ -185,14 +258,54 @@ class JobOut(BaseModel):
     )
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float = Field(description="Natural log; -9999.0 stands for minus infinity.")
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceOut(BaseModel):
+    """One of an item's choices (`n` > 1), each generated on its own."""
+
+    index: int
+    thinking: str | None
+    answer: str | None
+    answer_json: Any = Field(None, description="The answer parsed, for a JSON answer.")
+    tool_calls: list[ToolCall] | None = None
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None
+    thinking_truncated: bool | None
+    completion_tokens: int
+    reasoning_tokens: int
+
+
 class ItemOut(BaseModel):
+    """An item's record. Its answer fields are its first choice; `choices` lists them all
+    when it asked for more than one, and `usage` sums over them."""
+
     custom_id: str
     status: str
     thinking: str | None
     answer: str | None
+    answer_json: Any = Field(
+        None,
+        description="The answer parsed, when a response_format or structured_outputs asked "
+        "for JSON (the answer was checked against its schema before it was stored).",
+    )
+    tool_calls: list[ToolCall] | None = Field(
+        None, description="The calls the answer makes, with tools; finish_reason is tool_calls."
+    )
+    logprobs: list[TokenLogprob] | None = Field(
+        None, description="The answer tokens' log probabilities, with logprobs: true."
+    )
     finish_reason: str | None
     thinking_truncated: bool | None
     usage: Usage | None
+    choices: list[ChoiceOut] | None = Field(None, description="Every choice, when n > 1.")
     attempts: int
     error: ErrorInfo | None
     started_at: datetime | None

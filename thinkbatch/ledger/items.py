@@ -35,7 +35,7 @@ _COMPLETE = sa.text(
         SELECT * FROM json_to_recordset(CAST(:rows AS json)) AS v(
             item_id bigint, job_id uuid, attempt int, thinking text, answer text,
             finish_reason text, thinking_truncated bool, prompt_tokens int,
-            completion_tokens int, reasoning_tokens int)
+            completion_tokens int, reasoning_tokens int, choices jsonb)
     ), done AS (
         UPDATE items AS i SET
             status = 'succeeded', finished_at = now(), lease_owner = NULL,
@@ -46,9 +46,10 @@ _COMPLETE = sa.text(
     )
     INSERT INTO item_results (
         item_id, job_id, attempt, thinking, answer, finish_reason, thinking_truncated,
-        prompt_tokens, completion_tokens, reasoning_tokens, worker_id)
+        prompt_tokens, completion_tokens, reasoning_tokens, choices, worker_id)
     SELECT v.item_id, v.job_id, v.attempt, v.thinking, v.answer, v.finish_reason,
-           v.thinking_truncated, v.prompt_tokens, v.completion_tokens, v.reasoning_tokens, :owner
+           v.thinking_truncated, v.prompt_tokens, v.completion_tokens, v.reasoning_tokens,
+           v.choices, :owner
     FROM v JOIN done ON done.id = v.item_id
     ON CONFLICT (item_id) DO NOTHING
     RETURNING item_id
@@ -74,11 +75,23 @@ def results_json(done: Sequence[Done]) -> str:
                 "prompt_tokens": d.prompt_tokens,
                 "completion_tokens": d.completion_tokens,
                 "reasoning_tokens": d.reasoning_tokens,
+                "choices": _without_nul(d.choices) if d.choices is not None else None,
             }
             for d in done
         ],
         ensure_ascii=False,
     )
+
+
+def _without_nul(value: Any) -> Any:
+    """Postgres holds no NUL in text nor in jsonb strings; a model can emit it."""
+    if isinstance(value, str):
+        return value.replace("\x00", "")
+    if isinstance(value, list):
+        return [_without_nul(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _without_nul(v) for k, v in value.items()}
+    return value
 
 
 def complete(conn: sa.Connection, owner: str, done: Sequence[Done]) -> set[int]:

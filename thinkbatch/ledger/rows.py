@@ -37,6 +37,9 @@ class Done:
     prompt_tokens: int
     completion_tokens: int
     reasoning_tokens: int
+    # Every choice, when the item asked for more than the plain one (several, logprobs, tools,
+    # a JSON answer); the fields above then hold the first, and token counts summed over all.
+    choices: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

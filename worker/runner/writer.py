@@ -16,11 +16,14 @@ from typing import Any
 import sqlalchemy as sa
 
 from thinkbatch import ledger
+from thinkbatch.answers import AnswerInvalid
+from thinkbatch.answers import parse_answer
 from thinkbatch.db import retry_transient
 from thinkbatch.ledger import Claimed
 from thinkbatch.ledger import Done
 from thinkbatch.ledger import Failed
 from thinkbatch.models import ItemStatus
+from thinkbatch.sampling import Sampling
 from thinkbatch.settings import Settings
 from thinkbatch.thinking import count_reasoning_tokens
 from thinkbatch.thinking import split_thinking
@@ -118,9 +121,11 @@ def sort_outcomes(batch: list[Outcome], *, think: ThinkTokens, item_deadline_s: 
         match outcome.kind:
             case OutcomeKind.done:
                 assert outcome.generation is not None and outcome.flight is not None
-                writes.done.append(
-                    to_done(item, outcome.flight.prepared, outcome.generation, think)
-                )
+                stored = to_done(item, outcome.flight.prepared, outcome.generation, think)
+                if isinstance(stored, Done):
+                    writes.done.append(stored)
+                else:
+                    writes.failed.append(stored)
             case OutcomeKind.rejected:
                 writes.failed.append(Failed(*key, outcome.code, outcome.message, retryable=False))
             case OutcomeKind.error:
@@ -135,7 +140,29 @@ def sort_outcomes(batch: list[Outcome], *, think: ThinkTokens, item_deadline_s: 
     return writes
 
 
-def to_done(item: Claimed, prepared: Prepared, gen: Generation, think: ThinkTokens) -> Done:
+def _rich(sampling: Sampling) -> bool:
+    """Whether an item's result needs its choices stored as records (see Done.choices)."""
+    structured = sampling.structured
+    return (
+        sampling.n > 1
+        or sampling.logprobs is not None
+        or sampling.tool_mode != "none"
+        or (structured is not None and structured.json_answer)
+    )
+
+
+def _answer_logprobs(gen: Generation, reasoning_tokens: int) -> list[dict[str, Any]]:
+    """The logprobs of the answer's tokens: those after the thinking, without the end-of-text
+    token that detokenizing drops (its text is empty)."""
+    entries = (gen.logprobs or [])[reasoning_tokens:]
+    while entries and entries[-1].get("token") == "":
+        entries = entries[:-1]
+    return entries
+
+
+def _choice(
+    item: Claimed, prepared: Prepared, gen: Generation, think: ThinkTokens, index: int
+) -> dict[str, Any]:
     split = split_thinking(gen.text, opened_in_prompt=prepared.opened_in_prompt)
     reasoning = count_reasoning_tokens(
         gen.token_ids,
@@ -143,18 +170,70 @@ def to_done(item: Claimed, prepared: Prepared, gen: Generation, think: ThinkToke
         end_id=think.end_id,
         opened_in_prompt=prepared.opened_in_prompt,
     )
-    budget = prepared.sampling.thinking_budget
+    sampling = prepared.sampling
+    truncated = thinking_truncated(
+        split, reasoning_tokens=reasoning, budget=sampling.thinking_budget
+    )
+    record: dict[str, Any] = {
+        "thinking": split.thinking,
+        "answer": split.answer,
+        "finish_reason": gen.finish_reason,
+        "thinking_truncated": truncated,
+        "completion_tokens": len(gen.token_ids),
+        "reasoning_tokens": reasoning,
+    }
+    if not _rich(sampling):
+        return record
+    try:
+        parsed = parse_answer(split.answer, sampling, f"call_{item.id:x}_{index}")
+    except AnswerInvalid as error:
+        cut = gen.finish_reason == "length"
+        why = " (cut by max_tokens: raise it)" if cut else ""
+        raise _Invalid(f"choice {index}: {error}{why}", retryable=not cut) from None
+    record["answer"] = parsed.content
+    if parsed.tool_calls:
+        record["tool_calls"] = parsed.tool_calls
+        record["finish_reason"] = "tool_calls"
+    if parsed.is_json:
+        record["json"] = True
+    if sampling.logprobs is not None:
+        record["logprobs"] = _answer_logprobs(gen, reasoning)
+    return record
+
+
+class _Invalid(Exception):
+    def __init__(self, message: str, *, retryable: bool):
+        super().__init__(message)
+        self.message = message
+        self.retryable = retryable
+
+
+def to_done(
+    item: Claimed, prepared: Prepared, gen: Generation, think: ThinkTokens
+) -> Done | Failed:
+    """The result to store: every choice split into thinking and answer, the answer held to
+    its constraint. An answer that breaks its promise (not the JSON its schema asks for, as
+    when max_tokens cut it) fails the item instead, as `answer_invalid`: what is stored is
+    always what the request was promised."""
+    try:
+        records = [_choice(item, prepared, g, think, i) for i, g in enumerate(gen.choices())]
+    except _Invalid as error:
+        return Failed(
+            item.id, item.job_id, item.attempt, "answer_invalid", error.message, error.retryable
+        )
+    first = records[0]
     return Done(
         item_id=item.id,
         job_id=item.job_id,
         attempt=item.attempt,
-        thinking=split.thinking,
-        answer=split.answer,
-        finish_reason=gen.finish_reason,
-        thinking_truncated=thinking_truncated(split, reasoning_tokens=reasoning, budget=budget),
+        thinking=first["thinking"],
+        answer=first["answer"],
+        finish_reason=first["finish_reason"],
+        thinking_truncated=first["thinking_truncated"],
         prompt_tokens=gen.prompt_tokens,
-        completion_tokens=len(gen.token_ids),
-        reasoning_tokens=reasoning,
+        completion_tokens=sum(r["completion_tokens"] for r in records),
+        reasoning_tokens=sum(r["reasoning_tokens"] for r in records),
+        choices=records if _rich(prepared.sampling) else None,
     )
 
 
