@@ -12,6 +12,13 @@ Faults while preparing: `[[fail-render]]`, `[[fail-tokenize]]` and `[[fail-param
 does); `[[fail-submit]]` has the request refused as it is submitted. Sampling values vLLM's
 SamplingParams refuses (temperature outside [0, 2], an empty stop string) raise too.
 A `thinking_budget` is honoured as vLLM's is: the thinking is cut and `</think>` forced.
+The request vocabulary is served as vLLM serves it, in shape: `n` choices (each answer marked
+with its index), logprobs of every token, a JSON answer that fits the item's schema (built from
+it, not sampled), tool calls in Qwen3's format when a prompt says `[[tool]]` (and always with
+tool_choice `required` or a named function). `[[bad-json]]` writes a JSON-constrained answer
+that is not JSON (a grammar cut short); `[[grammar-error]]` has the engine refuse the item's
+constraint, as xgrammar refuses a schema it cannot compile. A logit_bias outside the
+vocabulary is refused, as vLLM refuses it.
 Options come from ENGINE_EXTRA_ARGS: `step_s` (default 0.001) and `tokenize_s_per_mchar`
 (seconds of tokenizing per million characters, default 0), which makes a long prompt's
 tokenizing take time as a real tokenizer's does.
@@ -20,11 +27,13 @@ tokenizing take time as a real tokenizer's does.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from thinkbatch.ledger import Claimed
 from thinkbatch.sampling import Sampling
@@ -45,6 +54,7 @@ _SPLIT = re.compile("(" + "|".join(re.escape(s) for s in SPECIAL) + ")")
 _HIDDEN = {1, 2, 5}  # special tokens that detokenization drops, as vLLM does
 EOS = SPECIAL["<|im_end|>"]
 OFFSET = 10
+VOCAB_SIZE = OFFSET + 256
 
 
 def encode(text: str) -> list[int]:
@@ -69,12 +79,59 @@ def decode(ids: Sequence[int]) -> str:
     return out.decode(errors="replace")
 
 
-def render_chat(messages: list[dict[str, str]], enable_thinking: bool) -> str:
-    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+def render_chat(
+    messages: list[dict[str, Any]], enable_thinking: bool, tools: list[dict[str, Any]] | None = None
+) -> str:
+    text = ""
+    if tools:
+        text += f"<|im_start|>system\n<tools>{json.dumps(tools)}</tools><|im_end|>\n"
+    text += "".join(
+        f"<|im_start|>{m['role']}\n{m.get('content') or ''}"
+        + "".join(f"<tool_call>{json.dumps(c)}</tool_call>" for c in m.get("tool_calls") or ())
+        + "<|im_end|>\n"
+        for m in messages
+    )
     text += "<|im_start|>assistant\n"
     if not enable_thinking:
         text += "<think>\n\n</think>\n\n"
     return text
+
+
+def _logprob(token: int, top: int) -> dict[str, Any]:
+    """A fixed log probability per token, in OpenAI's shape, with `top` alternatives."""
+    text = decode([token])
+    entry = {"token": text, "logprob": -0.25, "bytes": list(text.encode())}
+    return {**entry, "top_logprobs": [entry] * top}
+
+
+def example(schema: dict[str, Any] | None) -> Any:
+    """A value that fits a JSON schema (the common keywords): what a grammar would let through."""
+    if not schema:
+        return {}
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf", "allOf"):
+        if schema.get(key):
+            return example(schema[key][0])
+    kind = schema.get("type", "object")
+    if isinstance(kind, list):
+        kind = kind[0]
+    if kind == "object":
+        props = schema.get("properties") or {}
+        return {name: example(sub) for name, sub in props.items()}
+    if kind == "array":
+        return [example(schema.get("items"))] * max(1, int(schema.get("minItems", 1)))
+    if kind == "string":
+        return "x" * max(1, int(schema.get("minLength", 1)))
+    if kind == "integer":
+        return int(schema.get("minimum", 0))
+    if kind == "number":
+        return float(schema.get("minimum", 0))
+    if kind == "boolean":
+        return True
+    return None
 
 
 @dataclass(slots=True)
@@ -122,7 +179,7 @@ class FakeEngine:
         out: list[Prepared | ItemRejected] = []
         for item, params in zip(items, sampling, strict=True):
             if item.messages is not None:
-                text = render_chat(item.messages, params.enable_thinking)
+                text = render_chat(item.messages, params.enable_thinking, params.tools)
             else:
                 text = item.prompt or ""
             if "[[fail-render]]" in text:
@@ -145,6 +202,9 @@ class FakeEngine:
                 ids, start_id=3, end_id=4, turn_start_id=SPECIAL["<|im_start|>"]
             )
             self._check_params(params, "[[fail-params]]" in text)
+            if "[[grammar-error]]" in text and params.structured is not None:
+                out.append(ItemRejected("grammar_error", "injected refusal of the constraint"))
+                continue
             out.append(Prepared(prompt_ids=ids, opened_in_prompt=opened, sampling=params))
         return out
 
@@ -157,11 +217,34 @@ class FakeEngine:
             raise ValueError(f"temperature must be in [0, 2], got {params.temperature}.")
         if any(s == "" for s in params.stop):
             raise ValueError("stop cannot contain an empty string.")
+        if params.logit_bias and max(params.logit_bias) >= VOCAB_SIZE:
+            raise ValueError(f"token_id(s) {max(params.logit_bias)} in logit_bias out of vocab")
 
-    def _output(self, prepared: Prepared, prompt: str) -> tuple[list[int], str]:
+    def _answer(self, prepared: Prepared, prompt: str, snippet: str, index: int) -> str:
+        s = prepared.sampling
+        mark = f" #{index}" if s.n > 1 else ""
+        structured = s.structured
+        if s.tool_mode == "named" and structured is not None:
+            return json.dumps(example(structured.schema or {}))
+        if s.tool_mode == "required" and s.tools:
+            fn = s.tools[0]["function"]
+            return json.dumps([{"name": fn["name"], "parameters": example(fn.get("parameters"))}])
+        if s.tool_mode == "auto" and s.tools and "[[tool]]" in prompt:
+            fn = s.tools[0]["function"]
+            call = {"name": fn["name"], "arguments": example(fn.get("parameters"))}
+            return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+        if structured is not None and structured.json_answer:
+            if "[[bad-json]]" in prompt:
+                return '{"cut": '
+            return json.dumps(example(structured.schema or {"type": "object"}))
+        if structured is not None and structured.kind == "choice":
+            return str(structured.spec[0]) if isinstance(structured.spec, list) else ""
+        return f"Answer: {snippet[::-1]}{mark}"
+
+    def _output(self, prepared: Prepared, prompt: str, index: int = 0) -> tuple[list[int], str]:
         question = prompt.rsplit("user\n", 1)[-1].split("\nassistant\n")[0]
         snippet = " ".join(question.split())[:40]
-        answer = f"Answer: {snippet[::-1]}"
+        answer = self._answer(prepared, prompt, snippet, index)
         if prepared.opened_in_prompt:  # a template that opened <think> itself
             text = f"Thinking about {snippet}.\n</think>\n\n{answer}"
         elif prompt.endswith("assistant\n"):  # chat with thinking on
@@ -200,18 +283,27 @@ class FakeEngine:
             raise RuntimeError("injected failure")
         if "[[fail-submit]]" in prompt:
             raise ItemRejected("invalid_request", "injected refusal of the request")
-        ids, finish = self._output(prepared, prompt)
-        steps = float("inf") if "[[hang]]" in prompt else len(ids)
+        outputs = [self._output(prepared, prompt, i) for i in range(prepared.sampling.n)]
+        longest = max(len(ids) for ids, _ in outputs)
+        steps = float("inf") if "[[hang]]" in prompt else longest
         seq = _Seq(remaining=steps, future=asyncio.get_running_loop().create_future())
         self._waiting.append(seq)
         self._work.set()
         await seq.future
-        return Generation(
-            token_ids=ids,
-            text=decode(ids),
-            finish_reason=finish,
-            prompt_tokens=len(prepared.prompt_ids),
-        )
+        top = prepared.sampling.logprobs
+        choices = [
+            Generation(
+                token_ids=ids,
+                text=decode(ids),
+                finish_reason=finish,
+                prompt_tokens=len(prepared.prompt_ids),
+                logprobs=[_logprob(t, top) for t in ids] if top is not None else None,
+            )
+            for ids, finish in outputs
+        ]
+        first = choices[0]
+        first.more = choices[1:] or None
+        return first
 
     def _die(self) -> None:
         self._dead = True

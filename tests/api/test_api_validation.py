@@ -36,7 +36,7 @@ CASES: list[tuple[str, bytes | dict[str, Any], str | None, str]] = [
         "unknown role",
         {"items": [GOOD_ITEM, {"messages": [{"role": "robot", "content": "x"}]}]},
         "items[1].messages[0].role",
-        "'system', 'user' or 'assistant'",
+        "'system', 'user', 'assistant' or 'tool'",
     ),
     (
         "non-string content",

@@ -201,7 +201,7 @@ CASES: list[Case] = [
         "items[0].params.temperature",
         "valid number",
     ),
-    ("unknown sampling parameter", params(min_p=0.1), 400, "items[0].params.min_p", "Extra"),
+    ("unknown sampling parameter", params(mirostat=0.1), 400, "items[0].params.mirostat", "Extra"),
     # --- 4. NUL ---------------------------------------------------------------------------------
     ("NUL in a prompt", item(prompt=SECRET + "\x00"), 400, "items[0].prompt", "NUL"),
     (
@@ -475,7 +475,7 @@ CASES: list[Case] = [
         {"items": [{"messages": [{"role": "robot", "content": "x"}]}]},
         400,
         "items[0].messages[0].role",
-        "'system', 'user' or 'assistant'",
+        "'system', 'user', 'assistant' or 'tool'",
     ),
     ("duplicate custom_id", {"items": [ITEM, ITEM]}, 400, "items[1].custom_id", "duplicate"),
     ("unknown top-level field", job(colour="red"), 400, "colour", "Extra inputs"),

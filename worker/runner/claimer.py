@@ -260,6 +260,7 @@ class Claimer:
                         handle.params,
                         item.params,
                         default_max_tokens=self.settings.default_max_tokens,
+                        effort_budgets=self.settings.reasoning_effort_budgets,
                     )
                 else:
                     if shared is None:
@@ -268,6 +269,7 @@ class Claimer:
                                 handle.params,
                                 None,
                                 default_max_tokens=self.settings.default_max_tokens,
+                                effort_budgets=self.settings.reasoning_effort_budgets,
                             )
                         except Exception as error:  # noqa: BLE001 - each item is refused below
                             shared = error

@@ -1,0 +1,228 @@
+"""The request vocabulary end to end on the fake engine: what each field does to the stored
+result (choices, JSON answers, tool calls, logprobs, reasoning effort), and what is refused at
+submit, naming the field. The same fields on the vLLM engine: tests/e2e/test_vocabulary_vllm.py."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from tests.helpers import job_records
+from tests.helpers import make_settings
+from tests.helpers import submit_job
+from tests.runner_harness import Harness
+from tests.runner_harness import wait_status
+from thinkbatch.errors import InputError
+from thinkbatch.sampling import merge_layers
+from thinkbatch.sampling import resolve_sampling
+
+MSG = [{"role": "user", "content": "What is 2 + 2?"}]
+SCHEMA = {
+    "type": "object",
+    "properties": {"reasoning": {"type": "string"}, "answer": {"type": "integer"}},
+    "required": ["reasoning", "answer"],
+}
+JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "sum", "schema": SCHEMA}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+@pytest.fixture
+def harness(database_url: str, redis_url: str, db: sa.Engine) -> Iterator[Harness]:
+    h = Harness(make_settings(database_url, redis_url, engine_extra_args={"step_s": 0.001}), db)
+    yield h
+    h.close()
+
+
+def _run(harness: Harness, body: dict[str, Any], status: str = "completed") -> dict[str, Any]:
+    job_id = submit_job(harness.db, harness.settings, body)
+    thread, _ = harness.drive(harness.runner(), job_id)
+    thread.join(30)
+    wait_status(harness.db, job_id, {status})
+    return job_records(harness.db, harness.settings, job_id)
+
+
+def test_each_field_shapes_the_stored_result(harness: Harness) -> None:
+    items = [
+        {"custom_id": "schema", "messages": MSG, "params": {"response_format": JSON_SCHEMA}},
+        {"custom_id": "object", "messages": MSG,
+         "params": {"response_format": {"type": "json_object"}}},
+        {"custom_id": "n3", "messages": MSG, "params": {"n": 3}},
+        {"custom_id": "lp", "messages": MSG, "params": {"logprobs": True, "top_logprobs": 2}},
+        {"custom_id": "tool", "messages": [{"role": "user", "content": "[[tool]] weather?"}],
+         "params": {"tools": [WEATHER]}},
+        {"custom_id": "named", "messages": MSG, "params": {"tools": [WEATHER], "tool_choice": {
+            "type": "function", "function": {"name": "get_weather"}}}},
+        {"custom_id": "required", "messages": MSG,
+         "params": {"tools": [WEATHER], "tool_choice": "required"}},
+        {"custom_id": "choice", "messages": MSG,
+         "params": {"structured_outputs": {"choice": ["yes", "no"]}}},
+        {"custom_id": "plain", "messages": MSG},
+    ]  # fmt: skip
+    got = _run(harness, {"items": items})
+    schema = got["schema"]
+    assert schema["thinking"] and json.loads(schema["answer"]) == schema["answer_json"]
+    assert set(schema["answer_json"]) == {"reasoning", "answer"}
+    # The schema's property order is the answer's: params are stored as sent (json, not jsonb).
+    assert list(schema["answer_json"]) == ["reasoning", "answer"]
+    assert isinstance(got["object"]["answer_json"], dict)
+
+    n3 = got["n3"]
+    assert [c["index"] for c in n3["choices"]] == [0, 1, 2]
+    assert len({c["answer"] for c in n3["choices"]}) == 3  # each choice generated on its own
+    assert n3["answer"] == n3["choices"][0]["answer"]
+    assert n3["usage"]["completion_tokens"] == sum(c["completion_tokens"] for c in n3["choices"])
+
+    lp = got["lp"]["logprobs"]
+    assert lp and all(len(t["top_logprobs"]) == 2 for t in lp)
+    assert "".join(t["token"] for t in lp).strip() == got["lp"]["answer"]  # the answer's only
+
+    tool = got["tool"]
+    assert tool["finish_reason"] == "tool_calls" and tool["answer"] == ""
+    call = tool["tool_calls"][0]
+    assert call["function"]["name"] == "get_weather" and json.loads(call["function"]["arguments"])
+    named = got["named"]["tool_calls"]
+    assert [c["function"]["name"] for c in named] == ["get_weather"]
+    assert json.loads(named[0]["function"]["arguments"]) == {"city": "x"}
+    assert got["required"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert got["choice"]["answer"] == "yes"
+    plain = got["plain"]
+    assert plain["choices"] is None and plain["tool_calls"] is None and plain["logprobs"] is None
+
+
+def test_an_answer_that_breaks_its_schema_fails_that_item_alone(harness: Harness) -> None:
+    items = [
+        {"custom_id": "bad", "messages": [{"role": "user", "content": "[[bad-json]]"}]},
+        {"custom_id": "refused", "messages": [{"role": "user", "content": "[[grammar-error]]"}]},
+        {"custom_id": "good", "messages": MSG},
+    ]
+    got = _run(harness, {"items": items, "params": {"response_format": JSON_SCHEMA}})
+    assert got["good"]["status"] == "succeeded" and got["good"]["answer_json"]
+    assert got["bad"]["status"] == "failed" and got["bad"]["error"]["code"] == "answer_invalid"
+    assert got["bad"]["attempts"] == harness.settings.max_attempts  # retried: sampling may differ
+    assert got["refused"]["error"]["code"] == "grammar_error"
+    assert got["refused"]["attempts"] == 1  # the engine's refusal does not change on retry
+
+
+def test_reasoning_effort_is_a_budget_or_no_thinking(harness: Harness) -> None:
+    items = [
+        {"custom_id": "none", "messages": MSG, "params": {"reasoning_effort": "none"}},
+        {"custom_id": "min", "messages": MSG, "params": {"reasoning_effort": "minimal"}},
+        {"custom_id": "high", "messages": MSG, "params": {"reasoning_effort": "high"}},
+    ]
+    efforts = {"minimal": 4, "low": 8, "medium": 16, "high": None}
+    harness.settings = harness.settings.model_copy(update={"reasoning_effort_budgets": efforts})
+    got = _run(harness, {"items": items})
+    assert got["none"]["thinking"] == "" and got["none"]["usage"]["reasoning_tokens"] == 0
+    assert got["min"]["usage"]["reasoning_tokens"] == 5 and got["min"]["thinking_truncated"]
+    assert got["high"]["usage"]["reasoning_tokens"] > 5 and not got["high"]["thinking_truncated"]
+
+
+def test_groups_replace_the_jobs_as_a_whole() -> None:
+    job = {"tools": [WEATHER], "tool_choice": "required", "logprobs": True, "top_logprobs": 3}
+    item = {"response_format": {"type": "json_object"}, "logprobs": False}
+    merged = merge_layers(job, item)
+    assert "tools" not in merged and "tool_choice" not in merged and "top_logprobs" not in merged
+    s = resolve_sampling(job, item, default_max_tokens=64)
+    assert s.tool_mode == "none" and s.logprobs is None and s.structured is not None
+    # An effort's budget at or above max_tokens cannot bind: none is applied.
+    high = resolve_sampling({"reasoning_effort": "medium", "max_tokens": 100}, None,
+                            default_max_tokens=64)  # fmt: skip
+    assert high.enable_thinking and high.thinking_budget is None
+    # The item's effort overrides the job's budget, even with no budget of its own.
+    s = resolve_sampling(
+        {"thinking_budget": 10}, {"reasoning_effort": "high"}, default_max_tokens=64
+    )
+    assert s.thinking_budget is None
+    s = resolve_sampling(
+        {"reasoning_effort": "none"}, {"thinking_budget": 10}, default_max_tokens=64
+    )
+    assert not s.enable_thinking
+
+
+def test_items_sharing_a_schema_share_one_canonical_constraint() -> None:
+    a = resolve_sampling({"response_format": JSON_SCHEMA}, None, default_max_tokens=8)
+    reordered = {
+        "required": SCHEMA["required"],
+        "type": "object",
+        "properties": SCHEMA["properties"],
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "sum", "schema": reordered}}
+    b = resolve_sampling(None, {"response_format": fmt}, default_max_tokens=8)
+    assert a.structured == b.structured  # the engine's grammar cache keys on this spec
+
+
+REFUSED = [
+    ({"n": 9}, "items[0].params.n", "MAX_CHOICES"),
+    ({"n": 0}, "items[0].params.n", "greater than or equal to 1"),
+    ({"top_logprobs": 3}, "items[0].params.top_logprobs", "needs logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "items[0].params.top_logprobs", "20"),
+    ({"reasoning_effort": "low", "thinking_budget": 5}, "items[0].params.reasoning_effort", "not both"),
+    ({"reasoning_effort": "extreme"}, "items[0].params.reasoning_effort", "'none'"),
+    ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a+"}},
+     "items[0].params.structured_outputs", "not both"),
+    ({"response_format": {"type": "json_schema"}}, "items[0].params.response_format", "json_schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "objekt"}}}}, "items[0].params.response_format.json_schema.schema", "JSON Schema"),
+    ({"structured_outputs": {"regex": "(unclosed"}}, "items[0].params.structured_outputs.regex",
+     "regular expression"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "items[0].params.structured_outputs",
+     "exactly one"),
+    ({"structured_outputs": {"regex": "x" * 70000}}, "items[0].params.structured_outputs",
+     "MAX_GRAMMAR_CHARS"),
+    ({"tool_choice": "auto"}, "items[0].params.tool_choice", "needs tools"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "items[0].params.tool_choice.function.name", "not one of the tools"),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "items[0].params.tool_choice", "auto"),
+    ({"tools": [WEATHER, WEATHER]}, "items[0].params.tools[1].function.name", "duplicate"),
+    ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "items[0].params.tools",
+     "exclude each other"),
+    ({"logit_bias": {"abc": 1}}, "items[0].params.logit_bias.abc", "pattern"),
+    ({"logit_bias": {"5": 101}}, "items[0].params.logit_bias.5", "100"),
+    ({"stop_token_ids": [-1]}, "items[0].params.stop_token_ids[0]", "greater than"),
+    ({"min_p": 1.5}, "items[0].params.min_p", "1"),
+    ({"logprobs": True, "top_logprobs": 20, "max_tokens": 8000, "n": 2},
+     "items[0].params.logprobs", "MAX_LOGPROB_ENTRIES"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("params", "param", "words"), REFUSED, ids=[r[1] + "-" + str(i) for i, r in enumerate(REFUSED)]
+)
+def test_what_cannot_run_is_refused_at_submit_naming_the_field(
+    harness: Harness, params: dict[str, Any], param: str, words: str
+) -> None:
+    body = {"items": [{"messages": MSG, "params": params}]}
+    with pytest.raises(InputError) as caught:
+        submit_job(harness.db, harness.settings, body)
+    assert caught.value.param == param, caught.value.message
+    assert words in caught.value.message
+    with harness.db.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM items")).scalar_one() == 0
+
+
+def test_what_spans_the_layers_is_checked_whatever_comes_first(harness: Harness) -> None:
+    prompt_item = {"custom_id": "raw", "prompt": "hello"}
+    # The job's params after its items in the body: still refused, naming the item.
+    body = {"items": [prompt_item], "params": {"tools": [WEATHER]}}
+    with pytest.raises(InputError) as caught:
+        submit_job(harness.db, harness.settings, body)
+    assert caught.value.param == "items[0].prompt"
+    lp = {"items": [{"messages": MSG, "params": {"n": 8}}],
+          "params": {"logprobs": True, "top_logprobs": 20, "max_tokens": 1000}}  # fmt: skip
+    with pytest.raises(InputError) as caught:
+        submit_job(harness.db, harness.settings, lp)
+    assert caught.value.code == "logprobs_too_large"
+    # An item whose own group replaces the job's is fine.
+    ok = {"items": [{**prompt_item, "params": {"structured_outputs": {"choice": ["a"]}}}],
+          "params": {"tools": [WEATHER]}}  # fmt: skip
+    assert submit_job(harness.db, harness.settings, ok)
