@@ -173,7 +173,7 @@ JOB_ROW = sa.text(
 def check_invariants(db: sa.Engine, job_id: uuid.UUID, *, finished: bool = True) -> dict[str, int]:
     """Every item terminal (if finished), one result per succeeded item and none for others,
     job counters equal to a count over the items, usage equal to a sum over results, no item
-    running without a live lease."""
+    running without a live lease, every choice an item asked for in its one result."""
     with db.connect() as conn:
         job = conn.execute(JOB_ROW, {"id": job_id}).one()
         by_status = dict(
@@ -193,6 +193,15 @@ def check_invariants(db: sa.Engine, job_id: uuid.UUID, *, finished: bool = True)
             ),
             {"id": job_id},
         ).one()
+        # Items that asked for several choices hold them all in their one result.
+        short_of_choices = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM item_results r JOIN items i ON i.id = r.item_id"
+                " WHERE r.job_id = :id AND coalesce((i.params->>'n')::int, 1) > 1"
+                " AND coalesce(jsonb_array_length(r.choices), 1) <> (i.params->>'n')::int"
+            ),
+            {"id": job_id},
+        ).scalar()
         stale_running = conn.execute(
             sa.text(
                 "SELECT count(*) FROM items i LEFT JOIN workers w ON w.id = i.lease_owner"
@@ -219,6 +228,7 @@ def check_invariants(db: sa.Engine, job_id: uuid.UUID, *, finished: bool = True)
         results.r,
     )
     assert stale_running == 0
+    assert short_of_choices == 0
     if finished:
         assert counts["pending"] == counts["running"] == 0, counts
         assert job.status in ("completed", "failed", "cancelled", "expired"), job.status

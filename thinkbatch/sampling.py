@@ -17,6 +17,8 @@ from dataclasses import field
 from typing import Any
 from typing import Literal
 
+from thinkbatch.settings import DEFAULT_EFFORT_BUDGETS
+
 # Qwen3's recommended sampling per mode (model card): greedy decoding makes thinking models
 # loop, so unset values follow the mode instead of a single global default.
 _THINKING_DEFAULTS = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
@@ -73,15 +75,8 @@ LOGPROBS_GROUP = ("logprobs", "top_logprobs")
 THINKING_GROUP = ("reasoning_effort", "enable_thinking", "thinking_budget")
 _GROUPS = (ANSWER_GROUP, LOGPROBS_GROUP)
 
-DEFAULT_EFFORT_BUDGETS: dict[str, int | None] = {
-    "minimal": 256,
-    "low": 1024,
-    "medium": 4096,
-    "high": None,
-}
 
-
-def _layer(params: Mapping[str, Any] | None, efforts: Mapping[str, int | None]) -> dict[str, Any]:
+def _layer(params: Mapping[str, Any] | None, efforts: Mapping[Any, int | None]) -> dict[str, Any]:
     """One layer's params with its reasoning_effort spelled out as the two thinking keys (a
     None budget overrides the other layer's budget: none at all)."""
     out = dict(params or {})
@@ -99,7 +94,7 @@ def _layer(params: Mapping[str, Any] | None, efforts: Mapping[str, int | None]) 
 def merge_layers(
     job_params: Mapping[str, Any] | None,
     item_params: Mapping[str, Any] | None,
-    efforts: Mapping[str, int | None] = DEFAULT_EFFORT_BUDGETS,
+    efforts: Mapping[Any, int | None] = DEFAULT_EFFORT_BUDGETS,
 ) -> dict[str, Any]:
     merged = _layer(job_params, efforts)
     item = _layer(item_params, efforts)
@@ -161,7 +156,8 @@ def structured_of(merged: Mapping[str, Any]) -> tuple[Structured | None, str, st
             return Structured("json", _canonical(so["json"]), so["json"]), "none", None
         if "json_object" in so:
             return Structured("json_object", True), "none", None
-        kind = next(k for k in ("regex", "choice", "grammar") if k in so)
+        kinds: tuple[StructuredKind, ...] = ("regex", "choice", "grammar")
+        kind = next(k for k in kinds if k in so)
         return Structured(kind, so[kind]), "none", None
     return None, "none", None
 
@@ -171,7 +167,7 @@ def resolve_sampling(
     item_params: Mapping[str, Any] | None,
     *,
     default_max_tokens: int,
-    effort_budgets: Mapping[str, int | None] = DEFAULT_EFFORT_BUDGETS,
+    effort_budgets: Mapping[Any, int | None] = DEFAULT_EFFORT_BUDGETS,
 ) -> Sampling:
     merged = merge_layers(job_params, item_params, effort_budgets)
     thinking = bool(merged.get("enable_thinking", True))

@@ -96,6 +96,15 @@ class PostgresUrl(PostgresDsn):
     )
 
 
+Effort = Literal["minimal", "low", "medium", "high"]
+DEFAULT_EFFORT_BUDGETS: dict[Effort, int | None] = {
+    "minimal": 256,
+    "low": 1024,
+    "medium": 4096,
+    "high": None,
+}
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -256,8 +265,8 @@ class Settings(BaseSettings):
         description="Most log probabilities one item may return: max_tokens x n x "
         "(top_logprobs + 1) must stay within it (400 above). Bounds a stored result's size.",
     )
-    reasoning_effort_budgets: dict[Literal["minimal", "low", "medium", "high"], int | None] = Field(
-        default_factory=lambda: {"minimal": 256, "low": 1024, "medium": 4096, "high": None},
+    reasoning_effort_budgets: dict[Effort, int | None] = Field(
+        default_factory=lambda: dict(DEFAULT_EFFORT_BUDGETS),
         description="JSON: the thinking budget of each `reasoning_effort` (null: no budget); "
         "`none` turns thinking off. A budget at or above an item's max_tokens does not apply.",
     )

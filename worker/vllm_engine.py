@@ -9,6 +9,7 @@ plus `ReasoningConfig` (the thinking budget) and `StatLoggerBase` (speculative d
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -23,6 +24,7 @@ from vllm.envs import enable_envs_cache
 from vllm.exceptions import VLLMClientError
 from vllm.inputs.engine import tokens_input
 from vllm.sampling_params import RequestOutputKind
+from vllm.sampling_params import StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.engine.exceptions import EngineGenerateError
@@ -32,6 +34,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 from thinkbatch.ledger import Claimed
 from thinkbatch.limits import SAMPLING_LIMITS
 from thinkbatch.sampling import Sampling
+from thinkbatch.sampling import Structured
 from thinkbatch.settings import Settings
 from thinkbatch.thinking import THINK_END
 from thinkbatch.thinking import THINK_START
@@ -94,6 +97,11 @@ def engine_args(settings: Settings, model: str, device: str = "cuda") -> AsyncEn
         "seed": settings.seed,
         "disable_log_stats": True,
     }
+    if settings.reasoning_parser:
+        # A structured answer's grammar then starts after the thinking: the parser finds its
+        # end in the output (or in the prompt, when the template closed an empty block with
+        # thinking off), and the budget's forced </think> ends it the same way.
+        options["reasoning_parser"] = settings.reasoning_parser
     options.update(settings.engine_extra_args)
     return AsyncEngineArgs(**options)
 
@@ -125,6 +133,32 @@ def encode_ids(tokenizer: Any, texts: list[str], add_special_tokens: bool) -> li
 
 
 SPEC_LOG_INTERVAL_S = 60.0
+# OpenAI's stand-in for a log probability of minus infinity: JSON (and Postgres) hold no -inf.
+NEG_INF_LOGPROB = -9999.0
+
+
+def structured_params(structured: Structured | None) -> StructuredOutputsParams | None:
+    """The engine's constraint for an answer. JSON is asked without free whitespace: a small
+    model given the choice can fill max_tokens with blank lines, and compact JSON costs fewer
+    tokens. The spec is canonical (sampling.Structured), so items sharing a schema hit the
+    backend's compiled-grammar cache."""
+    if structured is None:
+        return None
+    if structured.kind == "json":
+        return StructuredOutputsParams(json=str(structured.spec), disable_any_whitespace=True)
+    if structured.kind == "json_object":
+        return StructuredOutputsParams(json_object=True, disable_any_whitespace=True)
+    if structured.kind == "regex":
+        return StructuredOutputsParams(regex=str(structured.spec))
+    if structured.kind == "choice":
+        return StructuredOutputsParams(choice=list(structured.spec))  # type: ignore[arg-type]
+    return StructuredOutputsParams(grammar=str(structured.spec))
+
+
+def _refusal_code(sampling: Sampling) -> str:
+    """The code of a request the engine refuses: its constraint, when it has one (what the
+    grammar compiler alone can refuse), else its values."""
+    return "grammar_error" if sampling.structured is not None else "invalid_request"
 
 
 class _EngineStats(StatLoggerBase):
@@ -360,11 +394,13 @@ class VLLMEngine:
     def _render(self, item: Claimed, sampling: Sampling) -> str:
         if item.messages is None:
             return item.prompt or ""
+        extra: dict[str, Any] = {"tools": sampling.tools} if sampling.tools else {}
         text: str = self.tokenizer.apply_chat_template(
             item.messages,
             tokenize=False,
             add_generation_prompt=True,
             enable_thinking=sampling.enable_thinking,
+            **extra,
         )
         return text
 
@@ -423,7 +459,7 @@ class VLLMEngine:
             try:
                 native = self._sampling_params(params, ids[i], opened)
             except Exception as error:  # noqa: BLE001 - vLLM refuses this item's values
-                out.append(ItemRejected("invalid_request", str(error)))
+                out.append(ItemRejected(_refusal_code(params), str(error)))
                 continue
             out.append(
                 Prepared(
@@ -454,7 +490,15 @@ class VLLMEngine:
 
     def _sampling_params(self, s: Sampling, prompt_ids: list[int], opened: bool) -> SamplingParams:
         prompt_len = len(prompt_ids)
+        detokenize = bool(s.stop) or s.include_stop_str_in_output
         return SamplingParams(
+            n=s.n,
+            min_p=s.min_p,
+            logit_bias=s.logit_bias,
+            stop_token_ids=list(s.stop_token_ids) or None,
+            include_stop_str_in_output=s.include_stop_str_in_output,
+            logprobs=s.logprobs,
+            structured_outputs=structured_params(s.structured),
             # Never ask for more than the context leaves: the output stops at the context
             # anyway, and the finish reason then honestly says "length".
             max_tokens=max(1, min(s.max_tokens, self.max_model_len - prompt_len)),
@@ -472,7 +516,7 @@ class VLLMEngine:
             output_kind=RequestOutputKind.FINAL_ONLY,
             # Stop strings need vLLM's incremental detokenizer; otherwise the text is decoded
             # once from the final token ids (generate), which costs far less per token.
-            detokenize=bool(s.stop),
+            detokenize=detokenize,
             # Each request gets its own params object, so vLLM need not deep-copy it: the copy
             # was the largest cost on the engine's event loop (cProfile of the worker, bench).
             skip_clone=True,
@@ -489,28 +533,61 @@ class VLLMEngine:
         except EngineDeadError as error:
             raise EngineDead(str(error)) from error
         except VLLMClientError as error:  # request validation: retrying cannot help
-            raise ItemRejected("invalid_request", str(error)) from error
+            raise ItemRejected(_refusal_code(prepared.sampling), str(error)) from error
         except EngineGenerateError as error:
             # AsyncLLM.generate re-raises its own client errors, but wraps anything else its
-            # request path raises (the input processor's plain ValueErrors among them) in an
-            # EngineGenerateError with no message of its own. A ValueError underneath is a
-            # refusal of this request's values: retrying cannot help. Anything else stays an
-            # engine error, which the runner retries.
+            # request path raises (the input processor's plain ValueErrors among them, such as
+            # a schema xgrammar cannot compile) in an EngineGenerateError with no message of its
+            # own. A ValueError underneath is a refusal of this request's values: retrying
+            # cannot help. Anything else stays an engine error, which the runner retries.
             cause = error.__cause__
             if isinstance(cause, ValueError):
-                raise ItemRejected("invalid_request", str(cause)) from error
+                raise ItemRejected(_refusal_code(prepared.sampling), str(cause)) from error
             raise
         if final is None or not final.outputs:
             raise RuntimeError("the engine returned no output")
-        completion = final.outputs[0]
+        prompt_tokens = len(final.prompt_token_ids or prepared.prompt_ids)
+        choices = [
+            self._choice(completion, prepared, prompt_tokens)
+            for completion in sorted(final.outputs, key=lambda c: c.index)
+        ]
+        first = choices[0]
+        first.more = choices[1:] or None
+        return first
+
+    def _choice(self, completion: Any, prepared: Prepared, prompt_tokens: int) -> Generation:
         token_ids = list(completion.token_ids)
         text = completion.text if prepared.native.detokenize else self._decode(token_ids)
+        logprobs = None
+        if prepared.sampling.logprobs is not None and completion.logprobs is not None:
+            logprobs = self._logprobs(token_ids, completion.logprobs, prepared.sampling.logprobs)
         return Generation(
             token_ids=token_ids,
             text=text,
             finish_reason=completion.finish_reason or "abort",
-            prompt_tokens=len(final.prompt_token_ids or prepared.prompt_ids),
+            prompt_tokens=prompt_tokens,
+            logprobs=logprobs,
         )
+
+    def _logprobs(self, token_ids: list[int], per_token: Any, top: int) -> list[dict[str, Any]]:
+        """vLLM's logprobs (per position: token id -> Logprob, the sampled token and the top
+        `top` by rank) in OpenAI's shape, each token's text decoded on its own."""
+        out: list[dict[str, Any]] = []
+        for token, ranked in zip(token_ids, per_token, strict=False):
+            alternatives = sorted(
+                ((tid, lp) for tid, lp in ranked.items() if lp.rank is not None and lp.rank <= top),
+                key=lambda pair: pair[1].rank,
+            )[:top]
+            chosen = ranked.get(token)
+            entry = self._token_entry(token, chosen.logprob if chosen is not None else None)
+            entry["top_logprobs"] = [self._token_entry(tid, lp.logprob) for tid, lp in alternatives]
+            out.append(entry)
+        return out
+
+    def _token_entry(self, token_id: int, logprob: float | None) -> dict[str, Any]:
+        text = self._decode([token_id])
+        value = NEG_INF_LOGPROB if logprob is None or not math.isfinite(logprob) else logprob
+        return {"token": text, "logprob": max(value, NEG_INF_LOGPROB), "bytes": list(text.encode())}
 
     def _decode(self, token_ids: list[int]) -> str:
         # As vLLM's detokenizer does by default: special tokens (the EOS) dropped. Qwen3's

@@ -49,10 +49,14 @@ def items(n: int = N_ITEMS, prefix: str = "q") -> list[dict[str, Any]]:
 def staggered() -> list[dict[str, Any]]:
     """Every third item short: results arrive early and steadily instead of in whole waves, so a
     fault can land after the first results with most of the job still to run, however fast the
-    engine is on the day."""
+    engine is on the day. Every other short item asks for two choices."""
     batch = items()
     for k, item in enumerate(batch):
         item["params"] = {"max_tokens": 24 if k % 3 == 0 else 480}  # MAX_MODEL_LEN is 512
+        if k % 6 == 0:
+            # Two choices in flight under every fault: both are stored together, once, or
+            # neither (check_invariants counts each result's choices).
+            item["params"]["n"] = 2
     return batch
 
 

@@ -139,7 +139,7 @@ _COLUMNS: tuple[Any, ...] = (
 )
 # Without thinking: not the column, nor each choice's (taken out by Postgres, so that a client
 # downloading answers does not receive the reasoning either way).
-_CHOICES_WITHOUT_THINKING = sa.literal_column(
+_CHOICES_WITHOUT_THINKING: sa.Label[Any] = sa.literal_column(
     "(SELECT jsonb_agg(e.c - 'thinking' ORDER BY e.o) "
     "FROM jsonb_array_elements(item_results.choices) WITH ORDINALITY AS e(c, o))"
 ).label("choices")
