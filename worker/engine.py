@@ -41,6 +41,7 @@ class Prepared:
     opened_in_prompt: bool
     sampling: Sampling
     native: Any = None  # the engine's own request parameters, prebuilt
+    answer_only: bool = False  # the output has no thinking to wait for (a raw prompt)
 
 
 @dataclass(slots=True)  # not frozen: one per item (see ledger.Claimed)

@@ -18,6 +18,7 @@ from typing import Any
 
 from vllm import SamplingParams
 from vllm.config import ReasoningConfig
+from vllm.config import StructuredOutputsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.envs import disable_envs_cache
 from vllm.envs import enable_envs_cache
@@ -97,6 +98,13 @@ def engine_args(settings: Settings, model: str, device: str = "cuda") -> AsyncEn
         "seed": settings.seed,
         "disable_log_stats": True,
     }
+    # xgrammar compiles each distinct constraint once (its own cache, keyed by the spec) and
+    # is the backend whose refusals the worker reports as grammar_error. Free whitespace is off
+    # for the engine as a whole (vLLM ignores the per-request flag): a small model given it can
+    # fill max_tokens with blank lines inside a JSON object.
+    options["structured_outputs_config"] = StructuredOutputsConfig(
+        backend="xgrammar", disable_any_whitespace=True
+    )
     if settings.reasoning_parser:
         # A structured answer's grammar then starts after the thinking: the parser finds its
         # end in the output (or in the prompt, when the template closed an empty block with
@@ -138,16 +146,14 @@ NEG_INF_LOGPROB = -9999.0
 
 
 def structured_params(structured: Structured | None) -> StructuredOutputsParams | None:
-    """The engine's constraint for an answer. JSON is asked without free whitespace: a small
-    model given the choice can fill max_tokens with blank lines, and compact JSON costs fewer
-    tokens. The spec is canonical (sampling.Structured), so items sharing a schema hit the
-    backend's compiled-grammar cache."""
+    """The engine's constraint for an answer. The spec is canonical (sampling.Structured), so
+    items sharing a schema hit the backend's compiled-grammar cache."""
     if structured is None:
         return None
     if structured.kind == "json":
-        return StructuredOutputsParams(json=str(structured.spec), disable_any_whitespace=True)
+        return StructuredOutputsParams(json=str(structured.spec))
     if structured.kind == "json_object":
-        return StructuredOutputsParams(json_object=True, disable_any_whitespace=True)
+        return StructuredOutputsParams(json_object=True)
     if structured.kind == "regex":
         return StructuredOutputsParams(regex=str(structured.spec))
     if structured.kind == "choice":
@@ -155,10 +161,13 @@ def structured_params(structured: Structured | None) -> StructuredOutputsParams 
     return StructuredOutputsParams(grammar=str(structured.spec))
 
 
-def _refusal_code(sampling: Sampling) -> str:
-    """The code of a request the engine refuses: its constraint, when it has one (what the
-    grammar compiler alone can refuse), else its values."""
-    return "grammar_error" if sampling.structured is not None else "invalid_request"
+def _refusal_code(sampling: Sampling, error: Exception | None = None) -> str:
+    """The code of a request the engine refuses: its constraint (what only the grammar
+    compiler can refuse; vLLM names no parameter for it), else its values."""
+    if sampling.structured is None:
+        return "invalid_request"
+    parameter = getattr(error, "parameter", None)
+    return "grammar_error" if parameter in (None, "structured_outputs") else "invalid_request"
 
 
 class _EngineStats(StatLoggerBase):
@@ -459,7 +468,7 @@ class VLLMEngine:
             try:
                 native = self._sampling_params(params, ids[i], opened)
             except Exception as error:  # noqa: BLE001 - vLLM refuses this item's values
-                out.append(ItemRejected(_refusal_code(params), str(error)))
+                out.append(ItemRejected(_refusal_code(params, error), str(error)))
                 continue
             out.append(
                 Prepared(
@@ -467,6 +476,10 @@ class VLLMEngine:
                     opened_in_prompt=opened,
                     sampling=params,
                     native=native,
+                    # A raw prompt has no chat turn for the reasoning parser to find the end of
+                    # the thinking in: its constraint would wait for a </think> that never
+                    # comes. Unless it opened a <think> itself, its output is the answer.
+                    answer_only=items[i].messages is None and not opened,
                 )
             )
         return out
@@ -527,13 +540,16 @@ class VLLMEngine:
         final = None
         try:
             async for output in self.llm.generate(
-                tokens_input(prepared.prompt_ids), prepared.native, request_id
+                tokens_input(prepared.prompt_ids),
+                prepared.native,
+                request_id,
+                **({"reasoning_ended": True} if prepared.answer_only else {}),
             ):
                 final = output
         except EngineDeadError as error:
             raise EngineDead(str(error)) from error
         except VLLMClientError as error:  # request validation: retrying cannot help
-            raise ItemRejected(_refusal_code(prepared.sampling), str(error)) from error
+            raise ItemRejected(_refusal_code(prepared.sampling, error), str(error)) from error
         except EngineGenerateError as error:
             # AsyncLLM.generate re-raises its own client errors, but wraps anything else its
             # request path raises (the input processor's plain ValueErrors among them, such as
@@ -542,7 +558,7 @@ class VLLMEngine:
             # cannot help. Anything else stays an engine error, which the runner retries.
             cause = error.__cause__
             if isinstance(cause, ValueError):
-                raise ItemRejected(_refusal_code(prepared.sampling), str(cause)) from error
+                raise ItemRejected(_refusal_code(prepared.sampling, cause), str(cause)) from error
             raise
         if final is None or not final.outputs:
             raise RuntimeError("the engine returned no output")

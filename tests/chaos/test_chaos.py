@@ -56,7 +56,7 @@ def staggered() -> list[dict[str, Any]]:
         if k % 6 == 0:
             # Two choices in flight under every fault: both are stored together, once, or
             # neither (check_invariants counts each result's choices).
-            item["params"]["n"] = 2
+            item["params"] |= {"n": 2, "temperature": 0.7}  # several choices need sampling
     return batch
 
 

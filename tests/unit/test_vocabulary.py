@@ -166,11 +166,13 @@ REFUSED = [
     ({"n": 0}, "items[0].params.n", "greater than or equal to 1"),
     ({"top_logprobs": 3}, "items[0].params.top_logprobs", "needs logprobs"),
     ({"logprobs": True, "top_logprobs": 21}, "items[0].params.top_logprobs", "20"),
-    ({"reasoning_effort": "low", "thinking_budget": 5}, "items[0].params.reasoning_effort", "not both"),
+    ({"reasoning_effort": "low", "thinking_budget": 5}, "items[0].params.reasoning_effort",
+     "not both"),
     ({"reasoning_effort": "extreme"}, "items[0].params.reasoning_effort", "'none'"),
     ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a+"}},
      "items[0].params.structured_outputs", "not both"),
-    ({"response_format": {"type": "json_schema"}}, "items[0].params.response_format", "json_schema"),
+    ({"response_format": {"type": "json_schema"}}, "items[0].params.response_format",
+     "json_schema"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "objekt"}}}}, "items[0].params.response_format.json_schema.schema", "JSON Schema"),
     ({"structured_outputs": {"regex": "(unclosed"}}, "items[0].params.structured_outputs.regex",
@@ -190,6 +192,7 @@ REFUSED = [
     ({"logit_bias": {"5": 101}}, "items[0].params.logit_bias.5", "100"),
     ({"stop_token_ids": [-1]}, "items[0].params.stop_token_ids[0]", "greater than"),
     ({"min_p": 1.5}, "items[0].params.min_p", "1"),
+    ({"n": 2, "temperature": 0}, "items[0].params.n", "greedy"),
     ({"logprobs": True, "top_logprobs": 20, "max_tokens": 8000, "n": 2},
      "items[0].params.logprobs", "MAX_LOGPROB_ENTRIES"),
 ]  # fmt: skip
@@ -222,6 +225,14 @@ def test_what_spans_the_layers_is_checked_whatever_comes_first(harness: Harness)
     with pytest.raises(InputError) as caught:
         submit_job(harness.db, harness.settings, lp)
     assert caught.value.code == "logprobs_too_large"
+    greedy = {"items": [{"messages": MSG, "params": {"n": 2}}], "params": {"temperature": 0}}
+    with pytest.raises(InputError) as caught:
+        submit_job(harness.db, harness.settings, greedy)
+    assert caught.value.param == "items[0].params.n" and "greedy" in caught.value.message
+    greedy = {"items": [{"messages": MSG, "params": {"temperature": 0}}], "params": {"n": 2}}
+    with pytest.raises(InputError) as caught:
+        submit_job(harness.db, harness.settings, greedy)
+    assert caught.value.param == "items[0].params.temperature"
     # An item whose own group replaces the job's is fine.
     ok = {"items": [{**prompt_item, "params": {"structured_outputs": {"choice": ["a"]}}}],
           "params": {"tools": [WEATHER]}}  # fmt: skip

@@ -40,6 +40,8 @@ def check_params(params: SamplingParamsIn, prefix: str, settings: Settings) -> N
         raise _bad(
             f"{p}n", f"{params.n} is above the limit of {settings.max_choices} (MAX_CHOICES)"
         )
+    if (params.n or 1) > 1 and params.temperature == 0:
+        raise _bad(f"{p}n", _GREEDY)
     if params.top_logprobs is not None and params.logprobs is not True:
         raise _bad(f"{p}top_logprobs", "needs logprobs: true")
     fmt = params.response_format
@@ -59,6 +61,10 @@ def check_params(params: SamplingParamsIn, prefix: str, settings: Settings) -> N
             f"{settings.max_grammar_chars} (MAX_GRAMMAR_CHARS)",
             "grammar_too_large",
         )
+
+
+# vLLM's rule: several choices of greedy decoding would all be the same one.
+_GREEDY = "must be 1 with temperature 0 (greedy decoding makes every choice the same)"
 
 
 def _check_tools(params: SamplingParamsIn, p: str, constrained: bool) -> None:
@@ -117,6 +123,9 @@ class Combinations:
     def __init__(self, settings: Settings):
         self.settings = settings
         self._prompt_inheriting_tools: int | None = None  # first such item's index
+        # First items that would meet the job's params in n > 1 with temperature 0.
+        self._choices_without_temperature: int | None = None
+        self._greedy_without_n: int | None = None
         self._worst: dict[_Pattern, _Worst] = {}
 
     def item(self, index: int, item: ItemIn) -> None:
@@ -133,6 +142,11 @@ class Combinations:
                 raise _bad(f"{prefix}.tools", "tools need messages (a chat), not a raw prompt")
             if not sets_answer and self._prompt_inheriting_tools is None:
                 self._prompt_inheriting_tools = index
+        if (params.n or 1) > 1 and params.temperature is None:
+            if self._choices_without_temperature is None:
+                self._choices_without_temperature = index
+        if params.temperature == 0 and params.n is None and self._greedy_without_n is None:
+            self._greedy_without_n = index
         sets_logprobs = params.logprobs is not None or params.top_logprobs is not None
         if sets_logprobs and not params.logprobs:
             return  # logprobs off for this item, whatever the job says
@@ -147,6 +161,13 @@ class Combinations:
         i = self._prompt_inheriting_tools
         if i is not None and _uses_tools(job):
             raise _bad(f"items[{i}].prompt", "the job's tools need messages (a chat), not a prompt")
+        if (i := self._choices_without_temperature) is not None and job.temperature == 0:
+            raise _bad(f"items[{i}].params.n", _GREEDY + " (params.temperature)")
+        if (i := self._greedy_without_n) is not None and (job.n or 1) > 1:
+            raise _bad(
+                f"items[{i}].params.temperature",
+                "must not be 0 with params.n > 1 (greedy decoding makes every choice the same)",
+            )
         cap = self.settings.max_logprob_entries
         for (sets_max, sets_n, sets_lp), worst in sorted(
             self._worst.items(), key=lambda kv: kv[1].index
