@@ -543,7 +543,7 @@ class VLLMEngine:
                 tokens_input(prepared.prompt_ids),
                 prepared.native,
                 request_id,
-                **({"reasoning_ended": True} if prepared.answer_only else {}),
+                reasoning_ended=True if prepared.answer_only else None,
             ):
                 final = output
         except EngineDeadError as error:

@@ -4,6 +4,7 @@ start here), on a database and a Redis database of its own."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -15,6 +16,9 @@ from tests.stacks import VLLM_ENV
 from tests.stacks import RunningStack
 from tests.stacks import build_demo_model
 from tests.stacks import running_stack
+
+
+EFFORTS = {"minimal": 4, "low": 8, "medium": 16, "high": None}
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +36,11 @@ def vllm_stack(
         tmp_path_factory.mktemp("e2e"),
         "e2e",
         flower=True,
-        worker_env={"THINKBATCH_WORKER_METRICS_PORT": str(worker_metrics_port)},
+        worker_env={
+            "THINKBATCH_WORKER_METRICS_PORT": str(worker_metrics_port),
+            # Budgets the tiny model's short thinking can reach (test_vocabulary_vllm.py).
+            "THINKBATCH_REASONING_EFFORT_BUDGETS": json.dumps(EFFORTS),
+        },
         **VLLM_ENV,
         **FAST_RECOVERY_ENV,
     ) as running:
