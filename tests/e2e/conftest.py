@@ -17,7 +17,6 @@ from tests.stacks import RunningStack
 from tests.stacks import build_demo_model
 from tests.stacks import running_stack
 
-
 EFFORTS = {"minimal": 4, "low": 8, "medium": 16, "high": None}
 
 
