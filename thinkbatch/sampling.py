@@ -123,6 +123,8 @@ def _tool_call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
                 "parameters": t["function"].get("parameters") or {"type": "object"},
             },
             "required": ["name", "parameters"],
+            # Nothing else in a call: a free extra key lets a model wander to max_tokens.
+            "additionalProperties": False,
         }
         for t in tools
     ]
