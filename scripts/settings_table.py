@@ -1,6 +1,7 @@
 """From the Settings model (the one source of truth): docs/settings.md's table of every
 setting (`python scripts/settings_table.py`), the README's table of the bounds on what a
-request may cost (`--bounds`), and .env.example (`--env`)."""
+request may cost (`--bounds`), the README's table of what each `reasoning_effort` means
+(`--efforts`), and .env.example (`--env`)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ BOUNDS = (
     "max_item_chars",
     "max_item_values",
     "max_tokens_cap",
+    "max_choices",
+    "max_grammar_chars",
+    "max_logprob_entries",
     "max_completion_window_s",
     "max_file_bytes",
     "max_batch_errors",
@@ -49,6 +53,22 @@ def table(names: tuple[str, ...] | None = None) -> str:
 
 def bounds() -> str:
     return table(BOUNDS)
+
+
+def efforts() -> str:
+    """What each `reasoning_effort` asks of the thinking, by default."""
+    budgets = Settings.model_fields["reasoning_effort_budgets"].get_default(
+        call_default_factory=True
+    )
+    rows = [
+        "| reasoning_effort | thinking |",
+        "|---|---|",
+        "| `none` | off (enable_thinking false) |",
+    ]
+    for effort, budget in budgets.items():
+        shown = "on, no budget" if budget is None else f"on, thinking_budget {budget}"
+        rows.append(f"| `{effort}` | {shown} |")
+    return "\n".join(rows)
 
 
 # The variables docker-compose.yml reads for itself, not thinkbatch settings: the secrets it
@@ -93,4 +113,5 @@ if __name__ == "__main__":
     if "--env" in sys.argv:
         sys.stdout.write(env_example())
     else:
-        print(bounds() if "--bounds" in sys.argv else table())
+        print(bounds() if "--bounds" in sys.argv else efforts() if "--efforts" in sys.argv
+              else table())  # fmt: skip

@@ -202,6 +202,53 @@ CASES: list[Case] = [
         "valid number",
     ),
     ("unknown sampling parameter", params(mirostat=0.1), 400, "items[0].params.mirostat", "Extra"),
+    # --- the request vocabulary: answer constraints bounded before anything compiles ----------
+    (
+        "a schema nested 10,000 deep",
+        b'{"items": [{"prompt": "x", "params": {"response_format": {"type": "json_schema", '
+        b'"json_schema": {"name": "s", "schema": '
+        + b'{"items": ' * 10_000
+        + b"{}"
+        + b"}" * 10_000
+        + b"}}}}]}",
+        400,
+        "items[0].params.response_format.json_schema.schema" + ".items" * 26,
+        "nested deeper than",
+    ),
+    (
+        "a 1 MB regex",
+        params(structured_outputs={"regex": "a" * 1_000_000}),
+        400,
+        "items[0].params.structured_outputs",
+        "MAX_GRAMMAR_CHARS",
+    ),
+    (
+        "a schema that is not a schema",
+        params(
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "s", "schema": {"type": 5}},
+            }
+        ),
+        400,
+        "items[0].params.response_format.json_schema.schema",
+        "not a valid JSON Schema",
+    ),  # fmt: skip
+    (
+        "129 tools",
+        params(tools=[{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]),
+        400,
+        "items[0].params.tools",
+        "at most 128",
+    ),  # fmt: skip
+    (
+        "a logit_bias of 1025 entries",
+        params(logit_bias={str(i): 1 for i in range(1025)}),
+        400,
+        "items[0].params.logit_bias",
+        "at most 1024",
+    ),
+    ("n 1000", params(n=1000), 400, "items[0].params.n", "less than or equal to 128"),
     # --- 4. NUL ---------------------------------------------------------------------------------
     ("NUL in a prompt", item(prompt=SECRET + "\x00"), 400, "items[0].prompt", "NUL"),
     (

@@ -61,6 +61,19 @@ def test_document_lists_every_route(client: FlaskClient, app: Flask) -> None:
     assert body["application/json"]["schema"] == {"$ref": "#/components/schemas/JobCreate"}
 
 
+def test_every_params_field_is_documented_with_its_bounds(client: FlaskClient) -> None:
+    from thinkbatch.jobs.wire import SamplingParamsIn
+
+    schemas = client.get("/openapi.json").json["components"]["schemas"]
+    documented = schemas["SamplingParamsIn"]["properties"]
+    assert set(documented) == set(SamplingParamsIn.model_fields)
+    assert all(field.get("description") for field in documented.values())
+    n = next(b for b in documented["n"]["anyOf"] if b.get("type") == "integer")
+    assert (n["minimum"], n["maximum"]) == (1, 128)
+    for name in ("ResponseFormat", "StructuredOutputs", "Tool", "NamedToolChoice"):
+        assert name in schemas
+
+
 def test_docs_page_is_served_from_this_app(client: FlaskClient) -> None:
     page = client.get("/docs")
     assert page.status_code == 200 and page.mimetype == "text/html"

@@ -22,6 +22,17 @@ def test_the_readme_states_every_bound_with_its_default() -> None:
     assert script.bounds() in (ROOT / "README.md").read_text()
 
 
+def test_the_readme_states_what_each_reasoning_effort_means() -> None:
+    assert load_script("settings_table").efforts() in (ROOT / "README.md").read_text()
+
+
+def test_the_request_reference_names_every_params_field() -> None:
+    from thinkbatch.jobs.wire import SamplingParamsIn
+
+    reference = (ROOT / "docs" / "requests.md").read_text()
+    assert [n for n in SamplingParamsIn.model_fields if f"`{n}`" not in reference] == []
+
+
 def test_the_readme_is_a_users_page() -> None:
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) < 500

@@ -65,8 +65,10 @@ class SamplingParamsIn(BaseModel):
     frequency_penalty: float | None = SAMPLING_LIMITS["frequency_penalty"].field()
     repetition_penalty: float | None = SAMPLING_LIMITS["repetition_penalty"].field()
     thinking_budget: int | None = SAMPLING_LIMITS["thinking_budget"].field()
-    enable_thinking: bool | None = None
-    ignore_eos: bool | None = None
+    enable_thinking: bool | None = Field(
+        None, description="Default true; false: the chat template closes an empty thinking block."
+    )
+    ignore_eos: bool | None = Field(None, description="Generate to max_tokens, past the end.")
     reasoning_effort: ReasoningEffort | None = Field(
         None,
         description="`none` turns thinking off; `minimal` to `high` set a thinking budget from "
