@@ -1,8 +1,13 @@
 from __future__ import annotations
+
 import json
+
 import pytest
-from tests.stacks import RunningStack, Client
-from tests.e2e.test_vocabulary_vllm import FORMAT, WEATHER, SCHEMA
+
+from tests.e2e.test_vocabulary_vllm import FORMAT
+from tests.e2e.test_vocabulary_vllm import WEATHER
+from tests.stacks import Client
+from tests.stacks import RunningStack
 
 pytestmark = pytest.mark.e2e
 
