@@ -54,7 +54,7 @@ def _body() -> BatchCreate:
     try:
         return BatchCreate.model_validate(data)
     except ValidationError as error:
-        raise validation_error(error) from None
+        raise validation_error(error, data=data) from None
 
 
 @bp.post("/v1/batches")

@@ -449,15 +449,24 @@ def _path_at(prefix: bytes) -> str:
     return _path(stack) if stack else ""
 
 
-def validation_error(error: ValidationError, prefix: str = "") -> InputError:
-    """The most telling pydantic error as a message that names its field."""
+_NO_INPUT: Any = object()
+# The tags pydantic gives union branches in an error's location: a type's name (`str`,
+# `list[str]`, `literal['a','b']`, `function-after[...]`) or a model's class name. Used only
+# where the input at that point is not known.
+_TYPE_TAG = re.compile(r"[A-Z]|[a-z-]+\[|\[key\]$|(str|int|float|bool|none|constrained-str)$")
+
+
+def validation_error(error: ValidationError, prefix: str = "", data: Any = _NO_INPUT) -> InputError:
+    """The most telling pydantic error as a message that names its field. `data`, the input
+    that was validated, tells the user's keys from the branch tags of a union in the error's
+    location (`tool_choice.NamedToolChoice.function` is the user's `tool_choice.function`)."""
     errors = error.errors(include_url=False)
-    first = _pick(errors)
+    first = _pick(errors, data)
     path = prefix
-    for part in first["loc"]:
+    for part in _user_path(first["loc"], data, first["type"])[0]:
         if isinstance(part, int):
             path += f"[{part}]"
-        elif not _is_branch(part):  # union branch names say nothing to a user
+        else:
             if len(part) > _MAX_SHOWN_KEY:
                 part = part[:_MAX_SHOWN_KEY]
             path += f".{part}" if path else str(part)
@@ -467,29 +476,49 @@ def validation_error(error: ValidationError, prefix: str = "") -> InputError:
     return _bad(f"{path}: {message}" if path else message, path or None, first["type"])
 
 
-def _is_branch(part: str) -> bool:
-    return part in ("str", "list[str]", "[key]") or "function-after[" in part
+def _user_path(
+    loc: tuple[int | str, ...], data: Any, kind: str
+) -> tuple[list[int | str], int | None]:
+    """The parts of `loc` that name the user's fields and indexes, and the position in `loc`
+    of its first union branch tag (None if it has none). With the input known, a key is the
+    user's when the object there has it (or it is the missing field the error is about), and
+    a tag otherwise; without it, a part that reads as a type's or a class's name is a tag."""
+    path: list[int | str] = []
+    branch: int | None = None
+    value = data
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            path.append(part)
+            inside = isinstance(value, list) and 0 <= part < len(value)
+            value = value[part] if inside else _NO_INPUT
+            continue
+        if value is _NO_INPUT:
+            mine = not _TYPE_TAG.match(part)
+        elif isinstance(value, dict):
+            mine = part in value or (i == len(loc) - 1 and kind == "missing")
+        else:
+            mine = False  # a string, number or list has no keys: this is a branch's tag
+        if mine:
+            path.append(part)
+            value = value[part] if isinstance(value, dict) and part in value else _NO_INPUT
+        elif branch is None:
+            branch = i
+    return path, branch
 
 
-def _pick(errors: list[Any]) -> Any:
-    """For a union (`stop: str | list[str]`) pydantic reports every branch; the branch whose
-    type the input has tells the user what is wrong (`stop[0]: must be non-empty`, not
-    `stop: Input should be a valid string`)."""
+def _pick(errors: list[Any], data: Any) -> Any:
+    """For a union (`stop: str | list[str]`, `tool_choice: "auto" | {...}`) pydantic reports
+    every branch; the branch that matched the input furthest tells the user what is wrong
+    (`stop[0]: must be non-empty`, not `stop: Input should be a valid string`;
+    `tool_choice.function.name: Field required`, not `Input should be 'none', ...`). A branch
+    whose type the input does not have (`*_type`) loses a tie."""
     first = errors[0]
-    loc = first["loc"]
-    branch = next(
-        (i for i, part in enumerate(loc) if isinstance(part, str) and _is_branch(part)), None
-    )
+    loc = tuple(first["loc"])
+    branch = _user_path(loc, data, first["type"])[1]
     if branch is None:
         return first
     field = loc[:branch]
-    for candidate in errors:
-        cloc = candidate["loc"]
-        same_field = cloc[:branch] == field and len(cloc) > branch
-        wrong_branch = len(cloc) == branch + 1 and candidate["type"] in (
-            "string_type",
-            "list_type",
-        )
-        if same_field and not wrong_branch:
-            return candidate
-    return first
+    same = [c for c in errors if tuple(c["loc"][:branch]) == field and len(c["loc"]) > branch]
+    if not same:
+        return first
+    return max(same, key=lambda c: (len(c["loc"]), not str(c["type"]).endswith("_type")))

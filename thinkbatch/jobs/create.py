@@ -61,14 +61,14 @@ def parse_item(index: int, raw: Any) -> ItemIn:
     try:
         return ItemIn.model_validate(raw)
     except ValidationError as error:
-        raise validation_error(error, f"items[{index}]") from None
+        raise validation_error(error, f"items[{index}]", raw) from None
 
 
 def parse_header(fields: dict[str, Any]) -> JobHeader:
     try:
         return JobHeader.model_validate(fields)
     except ValidationError as error:
-        raise validation_error(error) from None
+        raise validation_error(error, data=fields) from None
 
 
 class ItemRows:
