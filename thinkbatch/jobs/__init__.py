@@ -9,6 +9,7 @@ paging jobs), `results` (the outcome rows), `stats` (thinking statistics), `wire
 pydantic models of the REST API, which are also its serializers).
 """
 
+from thinkbatch.jobs.create import RefusedItem
 from thinkbatch.jobs.read import job_out
 from thinkbatch.jobs.read import parse_item_status
 from thinkbatch.jobs.read import parse_job_id
@@ -31,6 +32,7 @@ __all__ = [
     "JobService",
     "Message",
     "Origin",
+    "RefusedItem",
     "ResultRow",
     "SamplingParamsIn",
     "Submitted",

@@ -1,7 +1,9 @@
 """The checks on a submission: its header, each item and what spans items (custom_id
 uniqueness, the item limit, thinking budgets, the model's context), and each item's COPY row.
 The front door (service.py) runs them inside the transaction that stores the job, so any
-invalid item stores nothing.
+invalid item stores nothing, unless its caller turns the item into a `RefusedItem`: a line of
+an OpenAI batch whose request body is at fault is stored as a failed item, as OpenAI answers
+such a line in the error file while the rest of the batch runs.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ import json
 import math
 import sys
 import uuid
+from dataclasses import dataclass
+from datetime import UTC
+from datetime import datetime
 from typing import Any
 
 from pydantic import TypeAdapter
@@ -24,6 +29,7 @@ from thinkbatch.jobs.context import ContextBound
 from thinkbatch.jobs.wire import ItemIn
 from thinkbatch.jobs.wire import JobHeader
 from thinkbatch.jobs.wire import Message
+from thinkbatch.jobs.wire import SamplingParamsIn
 from thinkbatch.limits import range_text
 from thinkbatch.models import ItemStatus
 from thinkbatch.settings import Settings
@@ -71,31 +77,59 @@ def parse_header(fields: dict[str, Any]) -> JobHeader:
         raise validation_error(error, data=fields) from None
 
 
-class ItemRows:
-    """Checks that span items (custom_id uniqueness, the item limit) and their COPY rows."""
+@dataclass(frozen=True, slots=True)
+class RefusedItem:
+    """An item whose request could not be accepted, stored `failed` with no input: it keeps
+    its place (seq) and its custom_id, which stays unique in the job, and never runs. `param`
+    names the field at fault in the caller's own terms."""
 
-    def __init__(self, job_id: uuid.UUID, settings: Settings, context: ContextBound | None = None):
+    custom_id: str
+    code: str
+    message: str
+    param: str | None = None
+
+
+class ItemRows:
+    """Checks that span items (custom_id uniqueness, the item limit) and their COPY rows.
+
+    `job_params`: the job's params, when they are known before its items (not in a streamed
+    body, which may give them last). Each item is then checked against them as it comes, so
+    that an item's error is raised by its own row (and can be refused alone), never later by
+    `finish` for whichever item was closest to a limit."""
+
+    def __init__(
+        self,
+        job_id: uuid.UUID,
+        settings: Settings,
+        context: ContextBound | None = None,
+        job_params: SamplingParamsIn | None = None,
+    ):
         self.job_id = job_id
         self.settings = settings
         self.context = context  # None: no live worker told the model's bound
+        self.job_params = job_params
         self.ids: dict[str, int] = {}  # custom_id -> index; generated ones are negative
         self.count = 0
+        self.refused_count = 0
         self.budgets = BudgetCheck(settings.default_max_tokens)
         self.combos = Combinations(settings)
 
     def row(self, index: int, item: ItemIn) -> tuple[object, ...]:
-        if index >= self.settings.max_items_per_job:
-            raise InputError(
-                f"items: more than the limit of {self.settings.max_items_per_job} items",
-                param="items",
-                code="too_many_items",
-            )
+        self._check_limit(index)
         if item.params is not None:
             _check_max_tokens(
                 item.params.max_tokens, f"items[{index}].params.max_tokens", self.settings
             )
-        self.budgets.item(index, item.params)
-        self.combos.item(index, item)
+        if self.job_params is None:
+            self.budgets.item(index, item.params)
+            self.combos.item(index, item)
+        else:
+            budgets = BudgetCheck(self.settings.default_max_tokens)
+            budgets.item(index, item.params)
+            budgets.finish(self.job_params)
+            combos = Combinations(self.settings)
+            combos.item(index, item)
+            combos.finish(self.job_params)
         custom_id = item.custom_id
         if custom_id is None:
             custom_id = f"item-{index}"
@@ -103,21 +137,7 @@ class ItemRows:
                 custom_id += "_"
             self.ids[custom_id] = -1 - index
         else:
-            first = self.ids.setdefault(custom_id, index)
-            if first != index:
-                param = f"items[{index}].custom_id"
-                if first < 0:
-                    raise InputError(
-                        f"{param}: {custom_id!r} is the id generated for items[{-1 - first}], "
-                        f"which has no custom_id; give it one",
-                        param=param,
-                        code="duplicate_custom_id",
-                    )
-                raise InputError(
-                    f"{param}: duplicate custom_id {custom_id!r} (first used by items[{first}])",
-                    param=param,
-                    code="duplicate_custom_id",
-                )
+            self._claim_id(index, custom_id)
         self._check_size(index, item)
         self.count += 1
         # Serialized by pydantic's Rust core: json.dumps over model_dump() cost 4x as much.
@@ -135,6 +155,57 @@ class ItemRows:
             item.prompt,
             json.dumps(params) if params else None,
             ItemStatus.pending.value,
+            None,
+            None,
+            None,
+            None,
+        )
+
+    def refused(self, index: int, item: RefusedItem) -> tuple[object, ...]:
+        """The failed row of a refused item. Its place and its custom_id are still checked:
+        those are faults of the submission as a whole."""
+        self._check_limit(index)
+        self._claim_id(index, item.custom_id)
+        self.count += 1
+        self.refused_count += 1
+        return (
+            self.job_id,
+            index,
+            item.custom_id,
+            None,
+            None,
+            None,
+            ItemStatus.failed.value,
+            item.code,
+            item.message,
+            item.param,
+            datetime.now(UTC),
+        )
+
+    def _check_limit(self, index: int) -> None:
+        if index >= self.settings.max_items_per_job:
+            raise InputError(
+                f"items: more than the limit of {self.settings.max_items_per_job} items",
+                param="items",
+                code="too_many_items",
+            )
+
+    def _claim_id(self, index: int, custom_id: str) -> None:
+        first = self.ids.setdefault(custom_id, index)
+        if first == index:
+            return
+        param = f"items[{index}].custom_id"
+        if first < 0:
+            raise InputError(
+                f"{param}: {custom_id!r} is the id generated for items[{-1 - first}], "
+                f"which has no custom_id; give it one",
+                param=param,
+                code="duplicate_custom_id",
+            )
+        raise InputError(
+            f"{param}: duplicate custom_id {custom_id!r} (first used by items[{first}])",
+            param=param,
+            code="duplicate_custom_id",
         )
 
     def finish(self, header: JobHeader) -> None:

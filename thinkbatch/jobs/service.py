@@ -2,7 +2,10 @@
 the OpenAI facade (thinkbatch/openai), the dashboard and the tools all go through it.
 
 A submission is stored in one transaction (the job row, every item by COPY, the job's settings)
-and any invalid item stores nothing; once it commits, a hint goes to Redis and is recorded.
+and any invalid item stores nothing (but an OpenAI batch's line refused for its request body,
+which is stored failed: create.RefusedItem); once it commits, a hint goes to Redis and is
+recorded. A job with nothing left to run (every line refused) is finished in that transaction
+and never hinted.
 Every submission may carry an idempotency key: the same key with the same request answers the
 job it made (a client retrying after a lost response gets that job, never a second one), and
 with another request is a 400. A submission's writes go through the ledger, like every write.
@@ -39,6 +42,7 @@ from thinkbatch.jobs import read
 from thinkbatch.jobs import results
 from thinkbatch.jobs import stats
 from thinkbatch.jobs.context import for_model
+from thinkbatch.jobs.create import RefusedItem
 from thinkbatch.jobs.wire import ItemIn
 from thinkbatch.jobs.wire import ItemPage
 from thinkbatch.jobs.wire import JobHeader
@@ -71,7 +75,9 @@ class Origin:
     output_expires_after_s: int | None = None
 
 
-ItemErrors = Callable[[int, InputError], None]
+# Told an item's error (its index, the item, the error): a RefusedItem to store in its place, or
+# None to leave it out (the caller then refuses the submission as a whole).
+ItemErrors = Callable[[int, ItemIn | RefusedItem, InputError], RefusedItem | None]
 
 
 def digest_of(*parts: bytes) -> bytes:
@@ -139,7 +145,7 @@ class JobService:
     def submit(
         self,
         caller: Caller,
-        items: Iterable[ItemIn],
+        items: Iterable[ItemIn | RefusedItem],
         header: JobHeader,
         *,
         origin: Origin | None = None,
@@ -149,29 +155,46 @@ class JobService:
         refused: Callable[[], bool] | None = None,
     ) -> Submitted:
         """A job of `items` (read inside the storing transaction: an iterator is consumed as
-        the items are copied). With `item_errors`, an item that fails its checks is reported
-        there (with its index among `items`) and not stored, and the others are; once
-        `refused()` says the submission will be refused as a whole (the caller's iterator then
-        raises when it ends), the items are still checked but no longer written."""
+        the items are copied). The header is known first, so each item is checked against it
+        as it comes. With `item_errors`, an item that fails its checks is reported there (with
+        its index among `items`), which says whether to store it refused or to leave it out;
+        a RefusedItem among `items` is stored failed as it is. Once `refused()` says the
+        submission will be refused as a whole (the caller's iterator then raises when it
+        ends), the items are still checked but no longer written."""
         create.check_header(header, self.settings)
+
+        def one(
+            rows: create.ItemRows, index: int, item: ItemIn | RefusedItem
+        ) -> tuple[object, ...] | None:
+            try:
+                if isinstance(item, RefusedItem):
+                    return rows.refused(index, item)
+                return rows.row(index, item)
+            except InputError as error:
+                if item_errors is None:
+                    raise
+                instead = item_errors(index, item, error)
+            if instead is None or isinstance(item, RefusedItem):
+                return None
+            try:
+                return rows.refused(index, instead)
+            except InputError as error:  # its place or its custom_id: the file's own fault
+                item_errors(index, instead, error)
+                return None
 
         def fill(conn: sa.Connection, rows: create.ItemRows) -> JobHeader:
             def stream() -> Iterator[tuple[object, ...]]:
                 for index, item in enumerate(items):
-                    try:
-                        row = rows.row(index, item)
-                    except InputError as error:
-                        if item_errors is None:
-                            raise
-                        item_errors(index, error)
-                        continue
-                    if refused is None or not refused():
+                    row = one(rows, index, item)
+                    if row is not None and (refused is None or not refused()):
                         yield row
 
             ledger.copy_items(conn, stream())
             return header
 
-        return self._store(caller, fill, key=idempotency_key, digest=digest, origin=origin)
+        return self._store(
+            caller, fill, key=idempotency_key, digest=digest, origin=origin, header=header
+        )
 
     def record_refused(
         self,
@@ -203,7 +226,9 @@ class JobService:
         key: str | None,
         digest: bytes | None,
         origin: Origin | None = None,
+        header: JobHeader | None = None,
     ) -> Submitted:
+        """`header`: the job's, when known before its items (see create.ItemRows)."""
         settings = self.settings
         with self.sessions() as session, session.begin():
             conn = session.connection()
@@ -218,12 +243,15 @@ class JobService:
             job = self._new_job(caller, key, digest, origin, None)
             ledger.insert_job(conn, job)
             context = for_model(conn, job.model, dead_after_s=settings.worker_dead_after_s)
-            rows = create.ItemRows(job.id, settings, context)
+            rows = create.ItemRows(
+                job.id, settings, context, header.params if header is not None else None
+            )
             header = fill(conn, rows)
             create.check_header(header, settings)
             rows.finish(header)
-            total = ledger.stored_items(conn, job.id)
-            quotas.check_unfinished_items(conn, caller.tenant, total, settings, exclude=job.id)
+            # Refused items never run: the quota counts the ones that will.
+            _, runnable = ledger.stored_items(conn, job.id)
+            quotas.check_unfinished_items(conn, caller.tenant, runnable, settings, exclude=job.id)
             window = header.completion_window or settings.default_completion_window_s
             ledger.settle_job(
                 conn,
@@ -233,7 +261,10 @@ class JobService:
                 priority=header.priority,
                 expires_at=job.created_at + timedelta(seconds=window),
             )
-        self._hint(job.id, total)
+            if runnable == 0:  # every item refused: nothing for a worker, it ends now
+                ledger.finalize_jobs(conn, [job.id])
+        if runnable > 0:
+            self._hint(job.id, runnable)
         return Submitted(self._load(job.id), replayed=False)
 
     def _new_job(

@@ -16,7 +16,12 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 from thinkbatch.models import Job
 
-_COPY_ITEMS = "COPY items (job_id, seq, custom_id, messages, prompt, params, status) FROM STDIN"
+# An item is stored pending, or failed when its request was refused (thinkbatch/jobs/create.py,
+# RefusedItem): the insert trigger counts it with the job's failed items, never as unfinished.
+_COPY_ITEMS = (
+    "COPY items (job_id, seq, custom_id, messages, prompt, params, status, error_code, "
+    "error_message, error_param, finished_at) FROM STDIN"
+)
 
 
 def lock_tenant(conn: sa.Connection, tenant: str) -> None:
@@ -67,8 +72,9 @@ def insert_job(conn: sa.Connection, job: NewJob) -> None:
 
 
 def copy_items(conn: sa.Connection, rows: Iterator[tuple[object, ...]]) -> None:
-    """Write the rows (job_id, seq, custom_id, messages, prompt, params, status) as they come:
-    COPY streams them, so the submission's memory does not grow with its size."""
+    """Write the rows (job_id, seq, custom_id, messages, prompt, params, status, error_code,
+    error_message, error_param, finished_at) as they come: COPY streams them, so the
+    submission's memory does not grow with its size."""
     driver = conn.connection.driver_connection
     assert driver is not None
     with driver.cursor() as cursor, cursor.copy(_COPY_ITEMS) as copy:
@@ -76,9 +82,11 @@ def copy_items(conn: sa.Connection, rows: Iterator[tuple[object, ...]]) -> None:
             copy.write_row(row)
 
 
-def stored_items(conn: sa.Connection, job_id: uuid.UUID) -> int:
-    """Items stored for the job so far in this transaction (its count, kept by the trigger)."""
-    return int(conn.execute(sa.select(Job.total).where(Job.id == job_id)).scalar_one())
+def stored_items(conn: sa.Connection, job_id: uuid.UUID) -> tuple[int, int]:
+    """Items stored for the job so far in this transaction, and how many of them are left to
+    run (not refused): its counts, kept by the trigger."""
+    row = conn.execute(sa.select(Job.total, Job.unfinished).where(Job.id == job_id)).one()
+    return int(row.total), int(row.unfinished)
 
 
 def settle_job(

@@ -3,8 +3,12 @@ made from an uploaded file, shown in OpenAI's `Batch` shape. This module uses th
 front door (thinkbatch/jobs) and nothing behind it.
 
 Create validates the whole input file as it streams from its chunk rows, collecting up to
-MAX_BATCH_ERRORS line errors, while the valid lines go into the job's items. Any bad line
-refuses the file: the items are rolled back, and the batch is stored `failed` with its errors.
+MAX_BATCH_ERRORS line errors, while the valid lines go into the job's items. As OpenAI does, a
+line that is not a request of this batch (lines.py) refuses the file: the items are rolled back,
+and the batch is stored `failed` with its errors. A line whose request body is at fault is that
+request's failure alone: it is stored as a failed item (a RefusedItem), counted failed, and
+answered in the error file; the batch runs the others, and one whose every line was refused is
+completed at once, its files made then.
 
 Output and error files are made when a batch finishes (`make_files`: by the worker that
 finished it, the cancel that ended it, or the sweeper), never by a read: until then the batch
@@ -30,9 +34,11 @@ from thinkbatch.errors import Conflict
 from thinkbatch.errors import FileNotFound
 from thinkbatch.errors import InputError
 from thinkbatch.guard import Limits
+from thinkbatch.jobs import ItemIn
 from thinkbatch.jobs import JobHeader
 from thinkbatch.jobs import JobService
 from thinkbatch.jobs import Origin
+from thinkbatch.jobs import RefusedItem
 from thinkbatch.jobs import digest_of
 from thinkbatch.jobs import result_rows
 from thinkbatch.keys import Caller
@@ -86,8 +92,13 @@ class _Refused(Exception):
     """The file has bad lines: nothing of it is stored but the failed batch."""
 
 
+# The job service's item errors that are faults of the file, not of one request.
+_FILE_CODES = frozenset({"duplicate_custom_id", "too_many_items"})
+
+
 class _Lines:
-    """The file's valid lines as items; each bad line's error collected, with its number."""
+    """The file's lines as items (or refused items); each error of the file collected, with
+    its line number."""
 
     def __init__(self, jobs: JobService, file_key: uuid.UUID, endpoint: str):
         self.jobs = jobs
@@ -96,9 +107,11 @@ class _Lines:
         self.errors: list[dict[str, Any]] = []
         self.lines = 0
         self.number = 0  # the line being read
-        self.max_params: list[str] = []  # per item offered: which body field set max_tokens
+        # The line last offered: the job service checks each item as it is offered, before
+        # the next is read, so its errors concern this line.
+        self.current: lines.ParsedLine | None = None
 
-    def items(self) -> Iterator[Any]:
+    def items(self) -> Iterator[ItemIn | RefusedItem]:
         settings = self.jobs.settings
         limits = Limits.of(settings, items_key=None)
         for number, raw in enumerate(
@@ -116,7 +129,8 @@ class _Lines:
                         code="line_too_long",
                     )
                 parsed = lines.parse_line(raw, self.endpoint, limits)
-                if parsed.model != settings.model_name:
+                # As OpenAI refuses a file whose lines name another model than the batch's.
+                if parsed.model is not None and parsed.model != settings.model_name:
                     raise InputError(
                         f"body.model: {parsed.model!r} is not served here; this deployment "
                         f"serves {settings.model_name!r}",
@@ -128,7 +142,7 @@ class _Lines:
                 if len(self.errors) >= settings.max_batch_errors:
                     break
                 continue
-            self.max_params.append(parsed.max_tokens_param)
+            self.current = parsed
             yield parsed.item
             if len(self.errors) >= settings.max_batch_errors:
                 break
@@ -140,23 +154,28 @@ class _Lines:
         if self.errors:
             raise _Refused()
 
-    def item_error(self, index: int, error: InputError) -> None:
+    def item_error(
+        self, index: int, item: ItemIn | RefusedItem, error: InputError
+    ) -> RefusedItem | None:
         """An item check of the job service, in the line's own terms (`items[3].prompt` is
-        `body.prompt` there)."""
+        `body.prompt` there): a fault of the request refuses the line alone (returned), one
+        of the file (a duplicate custom_id, too many lines) is collected."""
         prefix = f"items[{index}]"
-        renames = {
-            f"{prefix}.custom_id": "custom_id",
-            f"{prefix}.params.max_tokens": self.max_params[index],
-            f"{prefix}.prompt": "body.prompt",
-            f"{prefix}.messages": "body.messages",
-            prefix: "body",
-        }
-        param = error.param or ""
-        new = renames.get(param)
-        message = error.message
-        if new is not None and message.startswith(param):
-            message = new + message[len(param) :]
-        self.error(InputError(message, param=new, code=error.code))
+        error = error.renamed(f"{prefix}.custom_id", "custom_id")
+        for old, new in ((".params", ""), (".prompt", ".prompt"), (".messages", ".messages")):
+            error = error.renamed(prefix + old, "body" + new)
+        error = error.renamed(prefix, "body")
+        if f"for {prefix}" in error.message:  # a limit's message names the item it measured
+            error = InputError(
+                error.message.replace(f"for {prefix}", "for this request"),
+                param=error.param,
+                code=error.code,
+            )
+        if error.code in _FILE_CODES or isinstance(item, RefusedItem) or self.current is None:
+            self.error(error)
+            return None
+        assert item.custom_id == self.current.custom_id
+        return lines.refusal(self.current.custom_id, error, self.current.renames)
 
     def error(self, error: InputError) -> None:
         self.errors.append(
@@ -213,6 +232,11 @@ def create_batch(
             idempotency_key=idempotency_key,
             digest=digest,
         )
+        return made.job
+    # Every line refused: the job finished as it was stored, and nothing else will make its
+    # files.
+    if made.job.status in TERMINAL_JOB_STATUSES and make_files(jobs.engine, made.job.id):
+        return jobs.get(caller, made.job.id)
     return made.job
 
 
