@@ -202,6 +202,169 @@ def test_a_line_longer_than_any_item_is_refused_unread(
     assert f"longer than {limit} bytes" in error["message"]
 
 
+# --- a bad request body fails its line alone -------------------------------------------------
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+# Each: a line whose body is at fault, the param its error names, and the code.
+BAD_BODIES: list[tuple[dict[str, Any], str | None, str]] = [
+    (line("temp", temperature=9), "temperature", "invalid_value"),
+    (line("unknown", colour="red"), "colour", "unknown_parameter"),
+    (line("top", top_logprobs=2), "top_logprobs", "invalid_value"),
+    (line("choice", tool_choice="auto"), "tool_choice", "invalid_value"),
+    (line("both", response_format={"type": "json_object"}, structured_outputs={"regex": "a"}),
+     "structured_outputs", "invalid_value"),
+    (line("schema", response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "nope"}}}),
+     "response_format.json_schema.schema", "invalid_schema"),
+    (line("cap", max_completion_tokens=10**6), "max_completion_tokens", "max_tokens_too_large"),
+    (line("many", n=99), "n", "invalid_value"),
+    (line("lp", logprobs=True, top_logprobs=20, max_tokens=30000, n=4),
+     "logprobs", "logprobs_too_large"),
+    (line("long", messages=[{"role": "user", "content": "x" * 5000}]),
+     "messages", "prompt_too_large"),
+    (line("role", messages=[{"role": "robot", "content": "x"}]), "messages[0].role",
+     "invalid_value"),
+    ({**line("notobj"), "body": "hello"}, None, "invalid_value"),
+    ({**line("nomodel"), "body": {"messages": [{"role": "user", "content": "x"}]}}, "model",
+     "missing_required_parameter"),
+]  # fmt: skip
+
+
+def _items(db: sa.Engine, job_id: uuid.UUID) -> dict[str, Any]:
+    with db.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT custom_id, status, messages, prompt, params, error_code, error_param, "
+                "error_message, finished_at FROM items WHERE job_id = :j ORDER BY seq"
+            ),
+            {"j": job_id},
+        )
+        return {r.custom_id: r for r in rows}
+
+
+def _counts(db: sa.Engine, job_id: uuid.UUID) -> tuple[Any, ...]:
+    with db.connect() as conn:
+        return tuple(
+            conn.execute(
+                sa.text(
+                    "SELECT status, total, unfinished, failed, succeeded, hinted_at IS NOT NULL "
+                    "FROM jobs WHERE id = :j"
+                ),
+                {"j": job_id},
+            ).one()
+        )
+
+
+def _job_id(batch: Any) -> uuid.UUID:
+    return uuid.UUID(batch.json["id"].removeprefix("batch_"))
+
+
+def test_bad_bodies_fail_their_lines_and_the_rest_runs(
+    client: FlaskClient, db: sa.Engine, make_app: Any
+) -> None:
+    from tests.helpers import TENANT
+    from tests.helpers import keyed_client
+    from tests.helpers import make_key
+
+    small = keyed_client(make_app(max_prompt_chars=4000), make_key(db, TENANT))
+    bodies = [line("ok-1"), *(b[0] for b in BAD_BODIES), line("ok-2", n=2, logprobs=True)]
+    batch = create(small, upload(small, jsonl(*bodies)).json["id"])
+    assert batch.status_code == 200, batch.json
+    assert batch.json["status"] == "in_progress", batch.json["errors"]
+    assert batch.json["errors"] is None
+    counts = batch.json["request_counts"]
+    bad = len(BAD_BODIES)
+    assert counts == {"total": bad + 2, "completed": 0, "failed": bad}
+    job_id = _job_id(batch)
+    assert _counts(db, job_id) == ("queued", bad + 2, 2, bad, 0, True)
+    stored = _items(db, job_id)
+    for body, param, code in BAD_BODIES:
+        got = stored[body["custom_id"]]
+        assert (got.status, got.error_param, got.error_code) == ("failed", param, code), got
+        assert got.messages is None and got.prompt is None and got.params is None
+        assert got.finished_at is not None
+        assert "body." not in got.error_message and "items[" not in got.error_message
+    assert stored["ok-2"].status == "pending"
+    assert stored["ok-2"].params == {"n": 2, "logprobs": True}
+    # A worker claims only pending items: the refused ones never reach it.
+    _finish(db, job_id)
+    assert _counts(db, job_id)[:5] == ("completed", bad + 2, 0, bad, 2)
+    assert batches.make_due_files(db) == 1
+    shown = small.get(f"/v1/batches/{batch.json['id']}").json
+    assert shown["status"] == "completed"
+    assert shown["request_counts"] == {"total": bad + 2, "completed": 2, "failed": bad}
+    errors = small.get(f"/v1/files/{shown['error_file_id']}/content").data.splitlines()
+    by_id = {e["custom_id"]: e for e in map(json.loads, errors)}
+    assert list(by_id) == [b[0]["custom_id"] for b in BAD_BODIES]  # in the file's order
+    for body, param, code in BAD_BODIES:
+        got = by_id[body["custom_id"]]
+        assert got["error"] is None and got["id"].startswith("batch_req_")
+        response = got["response"]
+        assert response["status_code"] == 400 and response["request_id"].startswith("req_")
+        error = response["body"]["error"]
+        assert error["type"] == "invalid_request_error"
+        assert (error["param"], error["code"]) == (param, code), error
+        assert error["message"].startswith(f"{param}: " if param else "must be"), error
+    output = small.get(f"/v1/files/{shown['output_file_id']}/content").data.splitlines()
+    assert [json.loads(x)["custom_id"] for x in output] == ["ok-1", "ok-2"]
+
+
+def test_a_batch_whose_every_line_is_refused_completes_at_once(
+    client: FlaskClient, db: sa.Engine, make_app: Any
+) -> None:
+    from tests.helpers import TENANT
+    from tests.helpers import keyed_client
+    from tests.helpers import make_key
+
+    # Refused lines never run, so they take none of the tenant's quota of unfinished items.
+    small = keyed_client(make_app(tenant_max_unfinished_items=1), make_key(db, TENANT))
+    bodies = [line(f"bad-{n}", temperature=9) for n in range(5)]
+    batch = create(small, upload(small, jsonl(*bodies)).json["id"])
+    assert batch.status_code == 200, batch.json
+    assert batch.json["status"] == "completed", batch.json
+    assert batch.json["request_counts"] == {"total": 5, "completed": 0, "failed": 5}
+    assert batch.json["completed_at"] is not None and batch.json["error_file_id"]
+    assert _counts(db, _job_id(batch)) == ("completed", 5, 0, 5, 0, False)  # never hinted
+    errors = small.get(f"/v1/files/{batch.json['error_file_id']}/content").data.splitlines()
+    assert [json.loads(e)["custom_id"] for e in errors] == [f"bad-{n}" for n in range(5)]
+    assert small.get(f"/v1/files/{batch.json['output_file_id']}/content").data == b""
+    # Within the quota, the next batch is taken.
+    more = create(small, upload(small, jsonl(line("ok"))).json["id"])
+    assert more.json["status"] == "in_progress", more.json
+
+
+def test_a_fault_of_the_file_still_fails_the_batch_whole(
+    client: FlaskClient, db: sa.Engine
+) -> None:
+    bodies = [line("a"), line("b", temperature=9), line("b"), line("c", colour="x")]
+    batch = create(client, upload(client, jsonl(*bodies)).json["id"])
+    assert batch.json["status"] == "failed"
+    # Only the file's faults are listed (a refused line would have been its request's failure).
+    [error] = batch.json["errors"]["data"]
+    assert (error["line"], error["param"], error["code"]) == (3, "custom_id", "duplicate_custom_id")
+    assert count(db, "items") == 0
+
+
+def test_a_refused_line_keeps_its_custom_id(client: FlaskClient, db: sa.Engine) -> None:
+    bodies = [line("a", temperature=9), line("a")]
+    batch = create(client, upload(client, jsonl(*bodies)).json["id"])
+    assert batch.json["status"] == "failed"
+    [error] = batch.json["errors"]["data"]
+    assert (error["line"], error["code"]) == (2, "duplicate_custom_id")
+
+
+def test_completions_lines_refuse_tools(client: FlaskClient, db: sa.Engine) -> None:
+    prompt = {"custom_id": "p", "method": "POST", "url": "/v1/completions",
+              "body": {"model": "thinkbatch-demo", "prompt": "x", "tools": [TOOL]}}  # fmt: skip
+    ok = {**prompt, "custom_id": "q", "body": {**prompt["body"], "tools": None, "logprobs": 2}}
+    stored = upload(client, jsonl(prompt, ok))
+    batch = create(client, stored.json["id"], endpoint="/v1/completions")
+    assert batch.json["status"] == "in_progress", batch.json
+    items = _items(db, _job_id(batch))
+    assert (items["p"].status, items["p"].error_param) == ("failed", "tools")
+    assert items["q"].params == {"logprobs": True, "top_logprobs": 2}
+
+
 # --- metadata kept as sent --------------------------------------------------------------------
 
 

@@ -278,8 +278,10 @@ def test_every_choice_with_logprobs_and_tool_calls() -> None:
 
 
 def test_a_completion_line_has_the_legacy_logprobs() -> None:
-    choices = [{**CHOICES[0], "answer": "ab", "logprobs": logprobs("a", "b")},
-               {**CHOICES[0], "answer": "x", "logprobs": logprobs("x"), "finish_reason": "length"}]
+    choices = [
+        {**CHOICES[0], "answer": "ab", "logprobs": logprobs("a", "b")},
+        {**CHOICES[0], "answer": "x", "logprobs": logprobs("x"), "finish_reason": "length"},
+    ]
     out = rendered(row(choices=choices), COMPLETIONS)
     body = Completion.model_validate(out["response"]["body"], strict=True)
     first, second = body.choices
@@ -297,9 +299,14 @@ def test_a_refused_line_is_a_400_naming_its_param() -> None:
             thinking=None, answer=None, finish_reason=None)  # fmt: skip
     out = rendered(r)
     assert out["error"] is None and out["response"]["status_code"] == 400
-    assert out["response"]["body"] == {"error": {
-        "message": "temperature: Input should be less than or equal to 2",
-        "type": "invalid_request_error", "param": "temperature", "code": "invalid_value"}}  # fmt: skip
+    assert out["response"]["body"] == {
+        "error": {
+            "message": "temperature: Input should be less than or equal to 2",
+            "type": "invalid_request_error",
+            "param": "temperature",
+            "code": "invalid_value",
+        }
+    }
 
 
 def test_an_engine_failure_is_a_500() -> None:
