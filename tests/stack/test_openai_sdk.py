@@ -24,6 +24,7 @@ from openai import OpenAI
 from openai.types import Batch
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
+from openai.types.shared import ErrorObject
 
 from tests.helpers import ROOT
 from tests.helpers import Servers
@@ -174,7 +175,7 @@ def test_chat_batch_completes_with_openai_shaped_output(env: Env) -> None:
 def test_completions_batch(env: Env) -> None:
     lines = [
         {"custom_id": f"p{i}", "method": "POST", "url": "/v1/completions",
-         "body": {"model": MODEL, "prompt": f"Count to {i}:", "max_tokens": 50}}
+         "body": {"model": MODEL, "prompt": f"Count to {i}:", "max_tokens": 50, "logprobs": i}}
         for i in range(3)
     ]  # fmt: skip
     batch = env.sdk.batches.create(
@@ -185,8 +186,15 @@ def test_completions_batch(env: Env) -> None:
     done = wait(env, batch.id, ("completed", "failed"))
     assert done.status == "completed"
     for line in lines_of(env, done.output_file_id):
-        body = Completion.model_validate(line["response"]["body"])
+        body = Completion.model_validate(line["response"]["body"], strict=True)
         assert body.object == "text_completion" and body.choices[0].text
+        logprobs = body.choices[0].logprobs  # the legacy shape, every list as long
+        assert logprobs is not None and logprobs.tokens is not None
+        assert (
+            len(logprobs.tokens)
+            == len(logprobs.text_offset or ())
+            == len(logprobs.top_logprobs or ())
+        )
 
 
 def test_output_files_expire_as_the_batch_asked(env: Env) -> None:
@@ -215,7 +223,7 @@ def test_bad_lines_fail_the_batch_and_store_nothing(env: Env) -> None:
     lines = [
         chat_line("ok-1", "fine"),
         b'{"custom_id": "broken", ',
-        {**chat_line("extra", "x"), "body": {**chat_line("extra", "x")["body"], "logit_bias": {}}},
+        {**chat_line("extra", "x"), "priority": 1},  # a line holds custom_id, method, url, body
         {**chat_line("wrong-url", "x"), "url": "/v1/completions"},
         chat_line("ok-1", "duplicate id"),
         {**chat_line("model", "x"), "body": {**chat_line("model", "x")["body"], "model": "gpt-9"}},
@@ -228,7 +236,7 @@ def test_bad_lines_fail_the_batch_and_store_nothing(env: Env) -> None:
     got = {(e.line, e.param) for e in batch.errors.data}
     assert got == {
         (2, None),
-        (3, "body.logit_bias"),
+        (3, "priority"),
         (4, "url"),
         (5, "custom_id"),
         (6, "body.model"),
@@ -239,6 +247,86 @@ def test_bad_lines_fail_the_batch_and_store_nothing(env: Env) -> None:
         job = batch.id.removeprefix("batch_")
         stored = conn.execute(sa.text("SELECT count(*) FROM items WHERE job_id = :j"), {"j": job})
         assert stored.scalar() == 0
+
+
+# 4b --------------------------------------------------------------------------------------------
+TOOL = {"type": "function", "function": {"name": "f", "description": "Call me.",
+        "parameters": {"type": "object", "properties": {}}}}  # fmt: skip
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+def test_the_request_vocabulary_and_bad_bodies(env: Env) -> None:
+    # The fake engine answers `Answer: <the question reversed>`: reversed, this question makes
+    # an answer that calls the tool f in Qwen3's format.
+    calls_f = '<tool_call>{"name":"f"}</tool_call>'[::-1]
+    json_format = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA,
+                                                          "strict": True}}  # fmt: skip
+    lines = [
+        chat_line("n2", "Two answers.", think=False, n=2, seed=1),
+        chat_line("lp", "Log probs.", think=False, logprobs=True, top_logprobs=2),
+        chat_line("json", "JSON please.", think=False, response_format=json_format),
+        chat_line("tool", calls_f, think=True, tools=[TOOL], tool_choice="auto",
+                  parallel_tool_calls=True, service_tier="auto", user="u", store=False,
+                  metadata={"k": "v"}),
+        chat_line("bad-temp", "x", temperature=9),
+        chat_line("bad-field", "x", colour="red"),
+        chat_line("bad-choice", "x", tools=[TOOL], tool_choice={"type": "function",
+                                                                "function": {}}),
+        {**chat_line("bad-body", "x"), "body": "not a request"},
+    ]  # fmt: skip
+    refused = {
+        "bad-temp": ("temperature", "invalid_value"),
+        "bad-field": ("colour", "unknown_parameter"),
+        "bad-choice": ("tool_choice.function.name", "missing_required_parameter"),
+        "bad-body": (None, "invalid_value"),
+    }
+    batch = env.sdk.batches.create(
+        input_file_id=upload(env, jsonl(lines)), endpoint=CHAT, completion_window="24h"
+    )
+    assert batch.status == "in_progress" and batch.errors is None
+    assert batch.request_counts is not None
+    assert (batch.request_counts.total, batch.request_counts.failed) == (8, 4)
+    done = wait(env, batch.id, ("completed", "failed"))
+    assert done.status == "completed", done
+    out = {x["custom_id"]: x for x in lines_of(env, done.output_file_id)}
+    errors = {x["custom_id"]: x for x in lines_of(env, done.error_file_id)}
+    assert set(out) | set(errors) == {line["custom_id"] for line in lines}
+    bodies = {
+        cid: ChatCompletion.model_validate(x["response"]["body"], strict=True)
+        for cid, x in out.items()
+    }
+    for body in bodies.values():
+        assert [c.index for c in body.choices] == list(range(len(body.choices)))
+        assert body.service_tier == "default"
+    # n=2 asks for two choices; the fake engine gives one whatever n (tests/unit/
+    # test_openai_lines.py renders two), vLLM's gives n.
+    assert 1 <= len(bodies["n2"].choices) <= 2
+    logprobs = bodies["lp"].choices[0].logprobs
+    assert logprobs is not None and logprobs.content is not None
+    tool = bodies["tool"].choices[0]
+    assert tool.finish_reason == "tool_calls" and tool.message.tool_calls is not None
+    [call] = tool.message.tool_calls
+    assert call.type == "function" and call.function.name == "f"  # type: ignore[union-attr]
+    assert json.loads(call.function.arguments) == {}  # type: ignore[union-attr]
+    assert tool.message.reasoning  # type: ignore[attr-defined]
+    # A JSON answer is held to its schema: the fake engine follows no grammar, so its answer
+    # fails as answer_invalid (a server error); an engine that does answers the schema.
+    if "json" in out:
+        assert json.loads(bodies["json"].choices[0].message.content or "")["a"] is not None
+    else:
+        assert errors["json"]["response"]["status_code"] == 500
+        assert errors["json"]["response"]["body"]["error"]["code"] == "answer_invalid"
+    for cid, (param, code) in refused.items():
+        line = errors[cid]
+        assert line["error"] is None and line["id"].startswith("batch_req_")
+        response = line["response"]
+        assert response["status_code"] == 400 and response["request_id"].startswith("req_")
+        error = ErrorObject.model_validate(response["body"]["error"], strict=True)
+        assert (error.param, error.code, error.type) == (param, code, "invalid_request_error")
+    # The native view of the same job: the refused lines failed, with their errors.
+    items = env.http.get(f"/v1/jobs/{batch.id}/items", params={"status": "failed"}).json()
+    codes = {i["custom_id"]: i["error"]["code"] for i in items["data"]}
+    assert {cid: codes[cid] for cid in refused} == {cid: c for cid, (_, c) in refused.items()}
 
 
 # 5 ---------------------------------------------------------------------------------------------
