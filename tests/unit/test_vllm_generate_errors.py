@@ -33,8 +33,8 @@ def _engine_failing_with(error: BaseException) -> Any:
 
     core = SimpleNamespace(add_request=add_request, abort=abort, log_requests=False)
 
-    def generate(prompt: Any, params: Any, request_id: str) -> AsyncIterator[Any]:
-        return AsyncLLM.generate(core, prompt, params, request_id)  # type: ignore[arg-type]
+    def generate(prompt: Any, params: Any, request_id: str, **kwargs: Any) -> AsyncIterator[Any]:
+        return AsyncLLM.generate(core, prompt, params, request_id, **kwargs)  # type: ignore[arg-type]
 
     engine = VLLMEngine(Settings(_env_file=None))
     engine.llm = SimpleNamespace(generate=generate)  # type: ignore[assignment]
