@@ -2,8 +2,7 @@
 costs, and what compiling it once per job buys.
 
 One API and one worker on the vLLM engine run the same items (thinking on, greedy, answers
-ending at EOS) in three arms, interleaved round by round, each round timed submit to
-`completed`:
+ending at EOS) in three arms, one job each per round, timed submit to `completed`:
 
 * plain: no constraint;
 * job schema: one `response_format` in the job's params, so the engine compiles one grammar for
@@ -12,8 +11,11 @@ ending at EOS) in three arms, interleaved round by round, each round timed submi
   so every item compiles a grammar of its own.
 
 job schema / plain is the cost of a schema, job schema / item schemas what the cache buys.
-Each round's and arm's prompts and schemas are new (the prompts differ in their first tokens),
-so no round reuses another's prefix cache or compiled grammars.
+Within a round the arms' prompts are the same, so greedy decoding gives them the same thinking
+(job schema and item schemas the same tokens); each round's prompts and schemas are new, so no
+round reuses another's compiled grammars. A later arm of a round may find the first arm's
+prompt blocks in the prefix cache where blocks are small (16 tokens on a GPU; these ~30-token
+prompts fill none of the CPU backend's 128-token blocks): the arms' order turns each round.
 """
 
 from __future__ import annotations
@@ -60,10 +62,10 @@ def claims(n: int, round_no: int) -> list[dict[str, Any]]:
     ]
 
 
-def tag_of(round_no: int, k: int) -> str:
-    """The schema's unique enum value. Of one length in every arm: the model may pick it, and
-    then the grammar forces every one of its tokens."""
-    return f"{round_no}-{k:04d}"
+def tag_of(round_index: int, k: int) -> str:
+    """The schema's unique enum value, item k's (k < 999) or, at 999, the job's. Of one length
+    in every arm: the model may pick it, and then the grammar forces every one of its tokens."""
+    return f"{round_index:02d}-{k:03d}"
 
 
 def grade_schema(tag: str) -> dict[str, Any]:
@@ -85,15 +87,15 @@ def response_format(tag: str) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": {"name": "grade", "schema": grade_schema(tag)}}
 
 
-def job_body(arm: str, n: int, round_no: int) -> dict[str, Any]:
-    """The job an arm submits: `round_no` makes its prompts and schemas new."""
-    items = claims(n, round_no)
+def job_body(arm: str, n: int, round_index: int) -> dict[str, Any]:
+    """The job an arm submits in a round: the round's prompts, and schemas no other job has."""
+    items = claims(n, 3000 + round_index)
     params: dict[str, Any] = {"max_tokens": MAX_TOKENS, "temperature": 0}
     if arm == "job schema":
-        params["response_format"] = response_format(tag_of(round_no, 0))
+        params["response_format"] = response_format(tag_of(round_index, 999))
     elif arm == "item schemas":
         for k, item in enumerate(items):
-            item["params"] = {"response_format": response_format(tag_of(round_no, k))}
+            item["params"] = {"response_format": response_format(tag_of(round_index, k))}
     return {"items": items, "params": params}
 
 
@@ -108,9 +110,9 @@ def run_structured(
         client, _, port = start_system(stack, settings, None)
         db = sa.create_engine(database_url)
         for r in range(rounds_n):
-            for a, arm in enumerate(ARMS):
+            for arm in ARMS[r % len(ARMS) :] + ARMS[: r % len(ARMS)]:
                 wait_engines_idle()
-                result = job_round(client, db, job_body(arm, ITEMS, 3000 + 10 * r + a), port)
+                result = job_round(client, db, job_body(arm, ITEMS, r), port)
                 failed = []
                 if result["succeeded"] != ITEMS:
                     url = f"/v1/jobs/{result['job']['id']}/results"
@@ -139,7 +141,7 @@ def print_structured(rounds: dict[str, list[dict[str, Any]]]) -> None:
     n = len(rounds[ARMS[0]])
     print(
         f"-- structured answers: {ITEMS} items, thinking on, greedy, max_tokens {MAX_TOKENS}, "
-        f"{n} rounds interleaved, submit to completed --"
+        f"{n} rounds, arms interleaved (order turning), submit to completed --"
     )
     print(
         f"{'arm':13} {'items/s':>8} {'out tok/s':>10} {'tok/item':>8} {'seconds':>8}  "

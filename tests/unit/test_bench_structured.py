@@ -18,16 +18,17 @@ def specs(body: dict[str, Any]) -> list[str | None]:
 
 
 def test_the_job_schema_is_one_grammar_and_item_schemas_one_per_item() -> None:
-    plain, job, items = (job_body(arm, 20, 3000) for arm in ("plain", "job schema", "item schemas"))
+    plain, job, items = (job_body(arm, 20, 0) for arm in ("plain", "job schema", "item schemas"))
     assert specs(plain) == [None] * 20
     assert len(set(specs(job))) == 1 and None not in specs(job)
-    assert len(set(specs(items))) == 20
-    # Same prompts in each arm, and schemas of one length: the arms differ only in the cache.
-    assert plain["items"][0]["messages"] == items["items"][0]["messages"]
+    assert len(set(specs(items))) == 20 and specs(job)[0] not in specs(items)
+    # The same prompts in each arm, and schemas of one length: the arms differ in the cache only.
+    prompts = [[i["messages"] for i in body["items"]] for body in (plain, job, items)]
+    assert prompts[0] == prompts[1] == prompts[2]
     assert {len(s or "") for s in specs(items)} == {len(specs(job)[0] or "")}
 
 
 def test_rounds_compile_new_grammars() -> None:
-    assert set(specs(job_body("job schema", 3, 3000))).isdisjoint(
-        specs(job_body("job schema", 3, 3010))
-    )
+    first, second = (job_body("item schemas", 3, r) for r in (0, 1))
+    assert set(specs(first)).isdisjoint(specs(second))
+    assert first["items"][0]["messages"] != second["items"][0]["messages"]
