@@ -11,11 +11,13 @@ It prints items/s and output tokens/s of both, their ratio (system / raw), the o
 the time to the first stored result and the rate of result rows written to Postgres, at the
 default length (`--max-tokens`, 64) and at 16 tokens, in alternating rounds. Then the pipeline's
 ceiling: the job system with the fake engine at `step_s: 0` (tokens at no cost), 20,000 items x
-16 tokens, submit to `completed`. Last, the CPU per item of each part, by process (psutil, this
-benchmark's processes only) and, inside the worker, by stage and thread (its thread CPU clocks,
-served on its /metrics: worker/stages.py). Each figure is printed beside its target.
-`--only long,short,ceiling` runs some of the parts. The same script runs on a GPU host with a
-real model: only the settings change.
+16 tokens, submit to `completed`. Then structured answers (bench/structured.py): the job system
+on the same items with no schema, one schema for the job and a schema per item, against each
+other. Last, the CPU per item of the engine comparisons and the ceiling, by process (psutil,
+this benchmark's processes only) and, inside the worker, by stage and thread (its thread CPU
+clocks, served on its /metrics: worker/stages.py). Each figure is printed beside its target.
+`--only long,short,ceiling,structured` runs some of the parts. The same script runs on a GPU
+host with a real model: only the settings change.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from bench.cpu import wait_engines_idle
 from bench.pg_waits import INTERVAL_S
 from bench.pg_waits import PgWaits
 from bench.raw_arm import RawArm
+from bench.structured import print_structured
+from bench.structured import run_structured
 from bench.system_arm import start_system
 from bench.system_arm import system_round
 from bench.system_arm import top_frames
@@ -62,6 +66,7 @@ TARGET_CEILING = 10_000.0
 TARGET_FIRST_RESULT_S = 0.3
 CEILING_ITEMS, CEILING_TOKENS, CEILING_ROUNDS = 20_000, 16, 3
 SHORT_TOKENS = 16
+PARTS = ("long", "short", "ceiling", "structured")
 
 
 def compare(
@@ -175,10 +180,11 @@ def main() -> int:
     )
     parser.add_argument(
         "--only",
-        default="long,short,ceiling",
+        default=",".join(PARTS),
         help="parts to run, comma-separated: long (--max-tokens, default 64), short "
         f"({SHORT_TOKENS} tokens), ceiling (the fake engine at step_s 0, "
-        f"{CEILING_ITEMS:,} x {CEILING_TOKENS})",
+        f"{CEILING_ITEMS:,} x {CEILING_TOKENS}), structured (no schema, one per job, one per "
+        "item)",
     )
     parser.add_argument("--profile", action="store_true", help="py-spy the worker (needs py-spy)")
     parser.add_argument(
@@ -195,8 +201,8 @@ def main() -> int:
     )
     args = parser.parse_args()
     parts = {p.strip() for p in args.only.split(",") if p.strip()}
-    if not parts or parts - {"long", "short", "ceiling"}:
-        parser.error("--only takes long, short and ceiling")
+    if not parts or parts - set(PARTS):
+        parser.error(f"--only takes {', '.join(PARTS)}")
     # The comparisons at each length (long first): tokens per item.
     lengths = [t for part, t in (("long", args.max_tokens), ("short", SHORT_TOKENS))
                if part in parts]  # fmt: skip
@@ -210,7 +216,8 @@ def main() -> int:
     shown = " and ".join(f"{args.items} items x {t}" for t in lengths)
     print(f"benchmark: {shown or 'no engine comparison'} output tokens (ignore_eos), "
           f"model {settings.model_name}, {args.rounds} rounds per arm and length; "
-          f"ceiling: {'on' if 'ceiling' in parts else 'off'}", flush=True)  # fmt: skip
+          f"ceiling: {'on' if 'ceiling' in parts else 'off'}; "
+          f"structured: {'on' if 'structured' in parts else 'off'}", flush=True)  # fmt: skip
     print("engine: " + ", ".join(
         f"{k}={getattr(settings, k)}" for k in
         ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "enforce_eager",
@@ -229,6 +236,7 @@ def main() -> int:
     raw_rounds: dict[int, list[dict[str, Any]]] = {t: [] for t in lengths}
     system_rounds: dict[int, list[dict[str, Any]]] = {t: [] for t in lengths}
     ceiling: list[dict[str, Any]] = []
+    structured: dict[str, list[dict[str, Any]]] = {}
     capacity = None
     try:
         if lengths:
@@ -271,6 +279,10 @@ def main() -> int:
                 local.env, settings, database_url, tmp / "logs-ceiling", CEILING_ROUNDS,
                 profile if not lengths else None,
             )  # fmt: skip
+        if "structured" in parts:
+            structured = run_structured(
+                local.env, settings, database_url, tmp / "logs-structured", args.rounds
+            )
     finally:
         teardown.close()
 
@@ -308,6 +320,8 @@ def main() -> int:
             f"with all {cores} cores busy every moment, at most {bound:,.0f} items/s "
             f"({TARGET_CEILING:,.0f} needs <= {cores * 1e6 / TARGET_CEILING:.0f} us)"
         )
+    if structured:
+        print_structured(structured)
     columns = [(f"{t} tok", median_round(system_rounds[t]), n) for t in lengths]
     if ceiling:
         columns.append(("ceiling", median_round(ceiling), CEILING_ITEMS))
