@@ -8,8 +8,8 @@ mid-item for want of pending ones.
 
 The SQL is written here and nowhere else: deploy/k8s carries the text this module renders,
 verbatim, and tests/unit/test_k8s.py fails when the two differ (regenerate with
-`python -m thinkbatch.autoscale MODEL`). An item belongs to the model its job names (jobs.model
-is the served model name); when items name models of their own, this query is what changes.
+`python -m thinkbatch.autoscale MODEL [ADAPTER ...]`). An item belongs to the model it names,
+or to its job's (jobs.model) when it names none.
 """
 
 from __future__ import annotations
@@ -29,22 +29,26 @@ def sql_literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def pending_work_sql(model: str) -> str:
-    """One row, one number: the items of `model`'s jobs that are pending or running.
+def pending_work_sql(model: str, *adapters: str) -> str:
+    """One row, one number: the items of `model` (and of its `adapters`, which the same
+    workers serve) that are pending or running.
 
-    A KEDA trigger cannot bind parameters, so the model is a literal in the text. The jobs of a
-    model are its whole history; `unfinished > 0` (the triggers' count of a job's pending and
-    running items, migration 0004) keeps the count to jobs with work left, each one index probe
-    of its items (ix_items_job_id_status_seq) however many jobs have ended."""
+    A KEDA trigger cannot bind parameters, so the names are literals in the text. An item's
+    model is its own (`items.model`) or, when it names none, its job's. The jobs of a model are
+    its whole history; `unfinished > 0` (the triggers' count of a job's pending and running
+    items, migration 0004) keeps the count to jobs with work left, each one index probe of its
+    items (ix_items_job_id_status_seq) however many jobs have ended."""
     statuses = ", ".join(sql_literal(status.value) for status in COUNTED)
+    names = ", ".join(sql_literal(name) for name in (model, *adapters))
     return (
         "SELECT count(*) FROM items JOIN jobs ON jobs.id = items.job_id "  # noqa: S608 - quoted
-        f"WHERE jobs.model = {sql_literal(model)} AND jobs.unfinished > 0 "
+        f"WHERE jobs.unfinished > 0 AND jobs.models ?| ARRAY[{names}] "
+        f"AND coalesce(items.model, jobs.model) IN ({names}) "
         f"AND items.status IN ({statuses})"
     )
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m thinkbatch.autoscale MODEL  (the served model name)")
-    print(pending_work_sql(sys.argv[1]))
+    if len(sys.argv) < 2:
+        sys.exit("usage: python -m thinkbatch.autoscale MODEL [ADAPTER ...]  (served names)")
+    print(pending_work_sql(*sys.argv[1:]))

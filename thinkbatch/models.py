@@ -113,6 +113,11 @@ class Job(Base):
         sa.String(64), default=DEFAULT_TENANT, server_default=DEFAULT_TENANT
     )
     model: orm.Mapped[str] = orm.mapped_column(sa.String(256))
+    # The distinct models of its items (a batch file may mix them): its hints go to each one's
+    # queue, and a job shows the ones no live worker serves.
+    models: orm.Mapped[list[str]] = orm.mapped_column(
+        JSONB, default=list, server_default=sa.text("'[]'::jsonb")
+    )
     # json, not jsonb: jsonb sorts keys, and a schema's property order is its answer's order.
     params: orm.Mapped[dict[str, Any]] = orm.mapped_column(sa.JSON, default=dict)
     # NULL when the request gave none: a batch echoes `metadata: {}` and a missing one apart.
@@ -210,6 +215,9 @@ class Item(Base):
     job_id: orm.Mapped[uuid.UUID] = orm.mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"))
     seq: orm.Mapped[int]
     custom_id: orm.Mapped[str] = orm.mapped_column(sa.String(128))
+    # The served name it runs on (a base model or a LoRA adapter); NULL: its job's model.
+    # Claims take only the items of the names a worker serves (thinkbatch/ledger/claims.py).
+    model: orm.Mapped[str | None] = orm.mapped_column(sa.String(256))
     messages: orm.Mapped[list[dict[str, Any]] | None] = orm.mapped_column(JSONB)
     prompt: orm.Mapped[str | None] = orm.mapped_column(sa.Text)
     params: orm.Mapped[dict[str, Any] | None] = orm.mapped_column(sa.JSON)
@@ -241,6 +249,14 @@ class Item(Base):
         ),
         # Claims (status = 'pending' ordered by seq) and status-filtered pages.
         sa.Index("ix_items_job_id_status_seq", "job_id", "status", "seq"),
+        # A claim of a mixed job: the pending items of a named model, in order.
+        sa.Index(
+            "ix_items_pending_model",
+            "job_id",
+            "model",
+            "seq",
+            postgresql_where=sa.text("model IS NOT NULL AND status = 'pending' AND crashes = 0"),
+        ),
         # The sweeper's scan for lapsed leases and dead owners.
         sa.Index(
             "ix_items_running_lease",
@@ -283,6 +299,8 @@ class Worker(Base):
     hostname: orm.Mapped[str] = orm.mapped_column(sa.String(256))
     pid: orm.Mapped[int]
     model: orm.Mapped[str] = orm.mapped_column(sa.String(256))
+    # The LoRA adapters it serves beside its base model (their served names).
+    adapters: orm.Mapped[list[str] | None] = orm.mapped_column(JSONB)
     # What the API needs to refuse, at submit, an item that cannot fit the model (api: the
     # context check): the engine's context, the most bytes one token of its tokenizer covers,
     # and the fewest tokens its chat template adds per message. NULL: not known.

@@ -1,7 +1,9 @@
 """The Celery app both sides share, and the one message it carries: "job X has work".
 
 A message holds a job id and nothing else. It is a hint: Postgres decides what runs. Losing one
-is repaired by the sweeper; receiving one twice is harmless because claims are fenced.
+is repaired by the sweeper; receiving one twice is harmless because claims are fenced. Hints go
+to one queue per served model (`model_queue`), which the workers of that model consume; one on
+the wrong queue claims nothing, since a worker claims only the items of the models it serves.
 """
 
 from __future__ import annotations
@@ -56,9 +58,15 @@ def make_celery(settings: Settings) -> Celery:
     return app
 
 
+def model_queue(settings: Settings, model: str) -> str:
+    """The Celery queue of one served name (a base model or an adapter): the workers that serve
+    it consume it, and a job's hints go to the queues of its models."""
+    return f"{settings.queue_name}.{model}"
+
+
 def publish_job(app: Celery, job_id: uuid.UUID, *, copies: int = 1, queue: Any = None) -> bool:
-    """Enqueue `copies` hints for a job (on the shared queue unless `queue` says otherwise);
-    False (logged) when Redis cannot be reached."""
+    """Enqueue `copies` hints for a job (on `queue`: a model's, or a worker's own); False
+    (logged) when Redis cannot be reached."""
     try:
         for _ in range(copies):
             app.send_task(RUN_JOB, args=[str(job_id)], queue=queue)

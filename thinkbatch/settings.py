@@ -154,6 +154,26 @@ class Settings(BaseSettings):
     served_model_name: str | None = Field(
         None, description="Name jobs use in `model`; defaults to MODEL."
     )
+    lora_adapters: dict[str, str] = Field(
+        default_factory=dict,
+        description="JSON: the LoRA adapters this worker serves beside MODEL, served name to "
+        "adapter directory (peft's format), loaded when the engine starts. A job or line names "
+        "an adapter in `model` as it names a base model.",
+    )
+    max_loras: int | None = Field(
+        None,
+        ge=1,
+        description="Adapters the engine holds in one batch (vLLM's max_loras). Unset: one "
+        "more than LORA_ADAPTERS has, so that every adapter and the base model run together.",
+    )
+    max_lora_rank: int = Field(16, ge=1, description="Largest adapter rank (vLLM's max_lora_rank).")
+    served_models: list[str] = Field(
+        default_factory=list,
+        description="JSON: every served name (base model or adapter) the fleet is configured to "
+        "serve. The API accepts a job for any of them, or for a name a live worker serves, and "
+        "a job waits (visibly) while no worker of its model is alive. Unset: MODEL's served "
+        "name and LORA_ADAPTERS'.",
+    )
     engine: Literal["vllm", "fake"] = Field(
         "vllm", description="'vllm' (real engine) or 'fake' (deterministic test engine, no torch)."
     )
@@ -505,6 +525,16 @@ class Settings(BaseSettings):
     def model_name(self) -> str:
         """The name jobs refer to the served model by."""
         return self.served_model_name or self.model
+
+    @property
+    def served_names(self) -> list[str]:
+        """What this worker serves: its base model's name, then its adapters'."""
+        return [self.model_name, *self.lora_adapters]
+
+    @property
+    def configured_models(self) -> list[str]:
+        """What the fleet is configured to serve (SERVED_MODELS, else this host's names)."""
+        return list(self.served_models) or self.served_names
 
     @property
     def max_line_bytes(self) -> int:

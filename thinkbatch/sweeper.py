@@ -21,6 +21,7 @@ from dataclasses import field
 import sqlalchemy as sa
 
 from thinkbatch import ledger
+from thinkbatch.jobs.fleet import live_workers
 from thinkbatch.openai import batches
 from thinkbatch.settings import Settings
 
@@ -130,7 +131,8 @@ def _sweep(
         log.info("removed %d expired file(s)", report.files_expired)
 
     with engine.connect() as conn:
-        stale = ledger.stale_jobs(conn, stale_s=settings.hint_stale_s)
+        live = live_workers(conn, dead_after_s=settings.worker_dead_after_s)
+        stale = ledger.stale_jobs(conn, stale_s=settings.hint_stale_s, models=sorted(live))
     for job_id in stale:
         if not publish(job_id):
             break  # Redis is away; the next pass tries again

@@ -9,9 +9,11 @@ fork once vLLM and CUDA are loaded. The engine is created once, before the worke
 from __future__ import annotations
 
 from celery import signals
+from kombu import Queue
 
 from thinkbatch import logging_setup
 from thinkbatch.queue import make_celery
+from thinkbatch.queue import model_queue
 from thinkbatch.settings import get_settings
 
 settings = get_settings()
@@ -19,6 +21,9 @@ app = make_celery(settings)
 app.conf.update(
     worker_pool="threads",
     worker_concurrency=settings.worker_concurrency,
+    # The queues of the names it serves, its base model's and its adapters': hints of the jobs
+    # of those models come there (thinkbatch/queue.py). Flower shows each.
+    task_queues=[Queue(model_queue(settings, name)) for name in settings.served_names],
     # Each worker also consumes its own queue: an idle worker sends itself hints there.
     worker_direct=True,
     include=["worker.tasks"],

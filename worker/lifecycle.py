@@ -9,13 +9,16 @@ import logging
 import os
 import threading
 import time
+import uuid
 from typing import Any
 
 import psutil
 from celery import signals
 from celery.utils.nodenames import worker_direct
 
+from thinkbatch import ledger
 from thinkbatch.db import make_engine
+from thinkbatch.queue import model_queue
 from thinkbatch.queue import publish_job
 from thinkbatch.settings import Settings
 from thinkbatch.settings import get_settings
@@ -50,11 +53,19 @@ def load_engine(sender: Any = None, **_: Any) -> None:
     celery = sender.app  # and its Celery app: hints are sent through the worker's own
     own_queue = worker_direct(sender.hostname)
     try:
+        db = make_engine(settings)
+
+        def publish(job_id: uuid.UUID) -> bool:
+            """Hints for a job on the queues of its models (a slice handed on, a lost hint)."""
+            with db.connect() as conn:
+                models = ledger.job_models(conn, job_id)
+            return all(publish_job(celery, job_id, queue=model_queue(settings, m)) for m in models)
+
         runner = Runner(
             settings,
             engine=create_engine(settings),
-            db=make_engine(settings),
-            publish=lambda job_id: publish_job(celery, job_id),
+            db=db,
+            publish=publish,
             publish_here=lambda job_id: publish_job(celery, job_id, queue=own_queue),
         )
         _reaper, write_end = spawn_reaper()

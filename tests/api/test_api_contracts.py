@@ -15,6 +15,7 @@ from flask.testing import FlaskClient
 from api import create_app
 from tests.helpers import close_app
 from tests.helpers import make_settings
+from thinkbatch.queue import model_queue
 from thinkbatch.settings import Settings
 
 GOOD = {"items": [{"custom_id": "a", "prompt": "hi"}, {"custom_id": "b", "prompt": "ho"}]}
@@ -35,9 +36,10 @@ def test_a_submit_publishes_a_hint_and_records_it(
     client: FlaskClient, db: sa.Engine, settings: Settings
 ) -> None:
     job_id = client.post("/v1/jobs", json=GOOD).json["id"]
-    # The hint is a Celery message on the workers' queue, naming the job...
+    # The hint is a Celery message on the queue of the job's model, naming the job...
+    queue = model_queue(settings, settings.model_name)
     with redis.Redis.from_url(settings.require_redis_url()) as broker:
-        messages = [json.loads(m) for m in broker.lrange(settings.queue_name, 0, -1)]
+        messages = [json.loads(m) for m in broker.lrange(queue, 0, -1)]
     hinted = [m for m in messages if m["headers"]["argsrepr"] == repr([job_id])]
     assert hinted, messages
     # ...and the job says so, so that the sweeper does not publish it again.

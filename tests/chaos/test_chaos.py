@@ -19,6 +19,7 @@ import psutil
 import pytest
 import sqlalchemy as sa
 
+from devstack.demo_model import DEMO_MODEL
 from devstack.stack import Proc
 from devstack.stack import Stack
 from tests.chaos.helpers import REPORTS
@@ -29,6 +30,7 @@ from tests.helpers import lost_and_duplicated
 from tests.stacks import VLLM_ENV
 from thinkbatch.queue import RUN_JOB
 from thinkbatch.queue import make_celery
+from thinkbatch.queue import model_queue
 from thinkbatch.settings import Settings
 
 pytestmark = pytest.mark.chaos
@@ -230,17 +232,19 @@ def test_postgres_restart_mid_job(chaos: Chaos) -> None:
 
 def test_duplicate_deliveries(chaos: Chaos) -> None:
     stack = fake_workers(chaos, "dup")
-    celery = make_celery(Settings(_env_file=None, redis_url=chaos.redis.url(0)))
+    settings = Settings(_env_file=None, redis_url=chaos.redis.url(0))
+    celery = make_celery(settings)
+    queue = model_queue(settings, DEMO_MODEL)  # the workers' model's queue
     try:
         stack.start_worker("w")
         job = chaos.client.submit(staggered(), params=SLOW)
         chaos.client.wait(job["id"], done=N_ITEMS // 5)
         for _ in range(2):  # the same message, delivered twice more while the job runs
-            celery.send_task(RUN_JOB, args=[job["id"]])
+            celery.send_task(RUN_JOB, args=[job["id"]], queue=queue)
         fault_at = datetime.now(UTC)
         done = finish(chaos, "5. same task 3 times (fake engine)", job["id"], 2, fault_at)
         before = _snapshot(chaos, job["id"])
-        celery.send_task(RUN_JOB, args=[job["id"]])  # and once more after it finished
+        celery.send_task(RUN_JOB, args=[job["id"]], queue=queue)  # once more after it finished
         time.sleep(3)
         assert _snapshot(chaos, job["id"]) == before
         assert done["counts"]["succeeded"] == N_ITEMS

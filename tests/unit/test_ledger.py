@@ -25,15 +25,15 @@ def claim(db: sa.Engine, job_id: uuid.UUID, owner: str, n: int = 10) -> list[led
         return ledger.claim(conn, job_id, owner=owner, n=n, lease_s=60)
 
 
-def register(db: sa.Engine, *owners: str, stopped: bool = False) -> None:
+def register(db: sa.Engine, *owners: str, stopped: bool = False, model: str = "m") -> None:
     with db.begin() as conn:
         for owner in owners:
             conn.execute(
                 sa.text(
                     "INSERT INTO workers (id, hostname, pid, model, stopped_at) "
-                    "VALUES (:id, 'h', 1, 'm', CASE WHEN :s THEN now() END)"
+                    "VALUES (:id, 'h', 1, :model, CASE WHEN :s THEN now() END)"
                 ),
-                {"id": owner, "s": stopped},
+                {"id": owner, "s": stopped, "model": model},
             )
 
 
@@ -157,7 +157,7 @@ def test_non_retryable_failure_is_final(db: sa.Engine, settings: Settings) -> No
 
 def test_sweeper_transitions(db: sa.Engine, settings: Settings) -> None:
     """Seed rows in every state the sweeper judges and check each transition (River-style)."""
-    register(db, "alive")
+    register(db, "alive", model=settings.model_name)  # a live worker of the job's model
     register(db, "dead", stopped=True)
     job_id = seed_job(db, settings, n=6)
     alive = claim(db, job_id, "alive", 3)  # 0..2

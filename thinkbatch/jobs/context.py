@@ -66,7 +66,8 @@ def for_model(conn: sa.Connection, model: str, *, dead_after_s: float) -> Contex
             sa.func.max(Worker.token_bytes_max),
             sa.func.min(Worker.message_tokens_min),
         ).where(
-            Worker.model == model,
+            # An adapter runs in its base model's context.
+            sa.or_(Worker.model == model, Worker.adapters.contains([model])),
             Worker.stopped_at.is_(None),
             Worker.heartbeat_at > since,
             Worker.max_model_len.is_not(None),

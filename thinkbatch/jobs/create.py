@@ -12,6 +12,7 @@ import json
 import math
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC
 from datetime import datetime
@@ -26,6 +27,7 @@ from thinkbatch.jobs.budgets import BudgetCheck
 from thinkbatch.jobs.combos import Combinations
 from thinkbatch.jobs.combos import check_params
 from thinkbatch.jobs.context import ContextBound
+from thinkbatch.jobs.fleet import Fleet
 from thinkbatch.jobs.wire import ItemIn
 from thinkbatch.jobs.wire import JobHeader
 from thinkbatch.jobs.wire import Message
@@ -44,14 +46,9 @@ def _check_max_tokens(value: int | None, param: str, settings: Settings) -> None
         )
 
 
-def check_header(header: JobHeader, settings: Settings) -> None:
-    if header.model is not None and header.model != settings.model_name:
-        raise InputError(
-            f"model: unknown model {header.model!r}; this deployment serves "
-            f"{settings.model_name!r}",
-            param="model",
-            code="model_not_found",
-        )
+def check_header(header: JobHeader, settings: Settings, fleet: Fleet | None = None) -> None:
+    if header.model is not None:
+        (fleet or Fleet(settings.configured_models)).check(header.model, "model")
     if header.completion_window is not None and (
         header.completion_window > settings.max_completion_window_s
     ):
@@ -103,11 +100,20 @@ class ItemRows:
         settings: Settings,
         context: ContextBound | None = None,
         job_params: SamplingParamsIn | None = None,
+        fleet: Fleet | None = None,
+        bound: Callable[[str], ContextBound | None] | None = None,
     ):
         self.job_id = job_id
         self.settings = settings
         self.context = context  # None: no live worker told the model's bound
         self.job_params = job_params
+        self.fleet = fleet or Fleet(settings.configured_models)
+        # The context bound of a model an item names (looked up once per model).
+        self._bound = bound
+        self._bounds: dict[str, ContextBound | None] = {}
+        # Items by the model they name; those that name none run on the job's.
+        self.by_model: dict[str, int] = {}
+        self.job_model_items = 0
         self.ids: dict[str, int] = {}  # custom_id -> index; generated ones are negative
         self.count = 0
         self.refused_count = 0
@@ -138,6 +144,13 @@ class ItemRows:
             self.ids[custom_id] = -1 - index
         else:
             self._claim_id(index, custom_id)
+        model = item.model
+        if model is not None:
+            if model not in self.by_model:
+                self.fleet.check(model, f"items[{index}].model")
+            self.by_model[model] = self.by_model.get(model, 0) + 1
+        else:
+            self.job_model_items += 1
         self._check_size(index, item)
         self.count += 1
         # Serialized by pydantic's Rust core: json.dumps over model_dump() cost 4x as much.
@@ -159,6 +172,7 @@ class ItemRows:
             None,
             None,
             None,
+            model,
         )
 
     def refused(self, index: int, item: RefusedItem) -> tuple[object, ...]:
@@ -180,6 +194,7 @@ class ItemRows:
             item.message,
             item.param,
             datetime.now(UTC),
+            None,
         )
 
     def _check_limit(self, index: int) -> None:
@@ -229,8 +244,32 @@ class ItemRows:
                 param=param,
                 code="prompt_too_large",
             )
-        if self.context is not None and (why := self.context.refusal(item)) is not None:
+        context = self._context(item.model)
+        if context is not None and (why := context.refusal(item)) is not None:
             raise InputError(f"{param}: {why}", param=param, code="prompt_too_long")
+
+    def _context(self, model: str | None) -> ContextBound | None:
+        if model is None or self._bound is None:
+            return self.context
+        if model not in self._bounds:
+            self._bounds[model] = self._bound(model)
+        return self._bounds[model]
+
+    def models(self, job_model: str) -> list[str]:
+        """The job's distinct models, once every item is in."""
+        names = set(self.by_model)
+        if self.job_model_items:
+            names.add(job_model)
+        return sorted(names)
+
+    def job_model(self, header: JobHeader) -> str:
+        """The job's model: its header's; else the one model all its items name; else the
+        deployment's."""
+        if header.model is not None:
+            return header.model
+        if not self.job_model_items and len(self.by_model) == 1:
+            return next(iter(self.by_model))
+        return self.settings.model_name
 
 
 _MESSAGES = TypeAdapter(list[Message])

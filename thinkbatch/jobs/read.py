@@ -31,7 +31,14 @@ from thinkbatch.models import JobStatus
 _BATCH_PREFIX = "batch_"
 
 
-def job_out(job: Job, stats: JobStats | None = None) -> JobOut:
+def job_out(job: Job, stats: JobStats | None = None, live: dict[str, int] | None = None) -> JobOut:
+    """The job's record. `live`: the live workers by served name (fleet.live_workers), to show
+    the models its pending items wait for."""
+    waiting = (
+        [m for m in job.models or [job.model] if not live.get(m)]
+        if live is not None and job.pending > 0
+        else []
+    )
     return JobOut(
         id=job.id,
         status=job.status.value if isinstance(job.status, JobStatus) else job.status,
@@ -62,6 +69,7 @@ def job_out(job: Job, stats: JobStats | None = None) -> JobOut:
             else None
         ),
         stats=stats,
+        waiting_for=waiting,
     )
 
 
@@ -122,9 +130,9 @@ def list_jobs(
     return found[:limit], len(found) > limit
 
 
-def job_page(jobs: list[Job], has_more: bool) -> JobPage:
+def job_page(jobs: list[Job], has_more: bool, live: dict[str, int] | None = None) -> JobPage:
     return JobPage(
-        data=[job_out(j) for j in jobs],
+        data=[job_out(j, live=live) for j in jobs],
         has_more=has_more,
         last_id=jobs[-1].id if jobs else None,
     )

@@ -25,6 +25,7 @@ from thinkbatch.jobs.wire import Usage
 from thinkbatch.models import Item
 from thinkbatch.models import ItemResult
 from thinkbatch.models import ItemStatus
+from thinkbatch.models import Job
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,7 @@ class ResultRow:
     # Every choice as the worker stored it (ledger Done.choices); None for a plain item.
     choices: list[dict[str, Any]] | None = None
     error_param: str | None = None
+    model: str | None = None  # the served name it ran (or runs) on
 
     def all_choices(self) -> list[dict[str, Any]]:
         """The item's choices as records, its one plain choice made from the row's columns."""
@@ -72,6 +74,7 @@ class ResultRow:
         first = choices[0] if choices else None
         return ItemOut(
             custom_id=self.custom_id,
+            model=self.model,
             status=self.status,
             thinking=self.thinking,
             answer=first.answer if first else self.answer,
@@ -136,6 +139,8 @@ _COLUMNS: tuple[Any, ...] = (
     ItemResult.reasoning_tokens,
     ItemResult.choices,
     Item.error_param,
+    # The job's model stands in for an item that names none: its model (query() binds it).
+    Item.model,
 )
 # Without thinking: not the column, nor each choice's (taken out by Postgres, so that a client
 # downloading answers does not receive the reasoning either way).
@@ -162,8 +167,14 @@ def query(
 ) -> sa.Select[Any]:
     """The job's rows in submission order: of one status, or (`succeeded`) only the succeeded
     ones or only the others."""
+    # An item that names no model runs on its job's: looked up once (an InitPlan), not joined.
+    job_model = sa.select(Job.model).where(Job.id == job_id).scalar_subquery()
+    columns = [
+        sa.func.coalesce(Item.model, job_model).label("model") if column is Item.model else column
+        for column in (_COLUMNS if include_thinking else _NO_THINKING)
+    ]
     select = (
-        sa.select(*(_COLUMNS if include_thinking else _NO_THINKING))
+        sa.select(*columns)
         .outerjoin(ItemResult, ItemResult.item_id == Item.id)
         .where(Item.job_id == job_id)
         .order_by(Item.seq)

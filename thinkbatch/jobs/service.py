@@ -41,8 +41,11 @@ from thinkbatch.jobs import quotas
 from thinkbatch.jobs import read
 from thinkbatch.jobs import results
 from thinkbatch.jobs import stats
+from thinkbatch.jobs.context import ContextBound
 from thinkbatch.jobs.context import for_model
 from thinkbatch.jobs.create import RefusedItem
+from thinkbatch.jobs.fleet import Fleet
+from thinkbatch.jobs.fleet import live_workers
 from thinkbatch.jobs.wire import ItemIn
 from thinkbatch.jobs.wire import ItemPage
 from thinkbatch.jobs.wire import JobHeader
@@ -53,6 +56,7 @@ from thinkbatch.ledger.submits import NewJob
 from thinkbatch.models import ItemStatus
 from thinkbatch.models import Job
 from thinkbatch.models import JobStatus
+from thinkbatch.queue import model_queue
 from thinkbatch.queue import publish_job
 from thinkbatch.settings import Settings
 
@@ -242,20 +246,34 @@ class JobService:
             quotas.check_unfinished_items(conn, caller.tenant, 1, settings)
             job = self._new_job(caller, key, digest, origin, None)
             ledger.insert_job(conn, job)
-            context = for_model(conn, job.model, dead_after_s=settings.worker_dead_after_s)
+            fleet = Fleet.read(conn, settings)
+            dead_after_s = settings.worker_dead_after_s
+
+            def bound(model: str) -> ContextBound | None:
+                return for_model(conn, model, dead_after_s=dead_after_s)
+
+            known = header.model if header is not None and header.model else job.model
             rows = create.ItemRows(
-                job.id, settings, context, header.params if header is not None else None
+                job.id,
+                settings,
+                bound(known),
+                header.params if header is not None else None,
+                fleet=fleet,
+                bound=bound,
             )
             header = fill(conn, rows)
-            create.check_header(header, settings)
+            create.check_header(header, settings, fleet)
             rows.finish(header)
             # Refused items never run: the quota counts the ones that will.
             _, runnable = ledger.stored_items(conn, job.id)
             quotas.check_unfinished_items(conn, caller.tenant, runnable, settings, exclude=job.id)
             window = header.completion_window or settings.default_completion_window_s
+            job_model = rows.job_model(header)
             ledger.settle_job(
                 conn,
                 job.id,
+                model=job_model,
+                models=rows.models(job_model),
                 params=header.params.overrides(),
                 metadata=header.metadata,
                 priority=header.priority,
@@ -264,7 +282,10 @@ class JobService:
             if runnable == 0:  # every item refused: nothing for a worker, it ends now
                 ledger.finalize_jobs(conn, [job.id])
         if runnable > 0:
-            self._hint(job.id, runnable)
+            by_model = dict(rows.by_model)
+            if rows.job_model_items:
+                by_model[job_model] = by_model.get(job_model, 0) + rows.job_model_items
+            self._hint(job.id, by_model)
         return Submitted(self._load(job.id), replayed=False)
 
     def _new_job(
@@ -311,13 +332,22 @@ class JobService:
             )
         return Submitted(self._load(job_id, session), replayed=True)
 
-    def _hint(self, job_id: uuid.UUID, items: int) -> None:
-        """After the commit, so that a worker finds the rows. If Redis is down the job still
-        stands: the sweeper enqueues it once Redis is back."""
+    def _hint(self, job_id: uuid.UUID, by_model: dict[str, int]) -> None:
+        """After the commit, so that a worker finds the rows: on the queue of each of the job's
+        models, as many hints as its share of the items calls for. If Redis is down the job
+        still stands: the sweeper enqueues it once Redis is back."""
         if self.celery is None:
             return
-        copies = create.fanout(items, self.settings)
-        if publish_job(self.celery, job_id, copies=copies):
+        sent = all(
+            publish_job(
+                self.celery,
+                job_id,
+                copies=create.fanout(items, self.settings),
+                queue=model_queue(self.settings, model),
+            )
+            for model, items in sorted(by_model.items())
+        )
+        if sent:
             with self.engine.begin() as conn:
                 ledger.mark_hinted(conn, job_id)
 
@@ -331,6 +361,11 @@ class JobService:
             assert job is not None
             return job
 
+    def fleet(self) -> Fleet:
+        """What the fleet is configured for and serves now (thinkbatch/jobs/fleet.py)."""
+        with self.engine.connect() as conn:
+            return Fleet.read(conn, self.settings)
+
     # --- read ----------------------------------------------------------------------------------
 
     def get(self, caller: Caller, job_id: uuid.UUID) -> Job:
@@ -341,7 +376,10 @@ class JobService:
         """The job with its thinking statistics (stats.py)."""
         with self.sessions() as session:
             job = read.get_job(session, caller, job_id)
-            return read.job_out(job, stats.job_stats(session, job))
+            live = live_workers(
+                session.connection(), dead_after_s=self.settings.worker_dead_after_s
+            )
+            return read.job_out(job, stats.job_stats(session, job), live)
 
     def list_jobs(
         self,
@@ -358,7 +396,9 @@ class JobService:
 
     def page(self, caller: Caller, *, after: uuid.UUID | None, limit: int) -> JobPage:
         jobs, more = self.list_jobs(caller, after=after, limit=limit)
-        return read.job_page(jobs, more)
+        with self.engine.connect() as conn:
+            live = live_workers(conn, dead_after_s=self.settings.worker_dead_after_s)
+        return read.job_page(jobs, more, live)
 
     def items(
         self,

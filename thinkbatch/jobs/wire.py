@@ -158,6 +158,13 @@ class ItemIn(BaseModel):
     model_config = _INPUT
 
     custom_id: str | None = Field(None, min_length=1, max_length=128)
+    model: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="The served name (a base model or a LoRA adapter) this item runs on; "
+        "unset: the job's.",
+    )
     messages: list[Message] | None = Field(None, min_length=1)
     prompt: str | None = Field(None, min_length=1)
     params: SamplingParamsIn | None = None
@@ -258,6 +265,11 @@ class JobOut(BaseModel):
         description="Thinking statistics over the succeeded items, computed when read (a "
         "running job's may be up to 5 s old). Null in the list of jobs.",
     )
+    waiting_for: list[str] = Field(
+        default_factory=list,
+        description="The models of its pending items that no live worker serves: it waits for "
+        "a worker of each (configured in SERVED_MODELS) to start.",
+    )
 
 
 class TopLogprob(BaseModel):
@@ -290,6 +302,7 @@ class ItemOut(BaseModel):
     when it asked for more than one, and `usage` sums over them."""
 
     custom_id: str
+    model: str | None = Field(None, description="The served name it runs on.")
     status: str
     thinking: str | None
     answer: str | None

@@ -21,6 +21,7 @@ item state changes: `submits` (a submission's job row and items), `files` (the O
 API's rows and bytes) and `keys` (API keys).
 """
 
+from thinkbatch.ledger.claims import ModelFilter
 from thinkbatch.ledger.claims import claim
 from thinkbatch.ledger.claims import has_suspects
 from thinkbatch.ledger.files import delete_file
@@ -29,6 +30,7 @@ from thinkbatch.ledger.files import insert_chunk
 from thinkbatch.ledger.files import insert_outputs
 from thinkbatch.ledger.files import insert_upload
 from thinkbatch.ledger.files import set_size
+from thinkbatch.ledger.hints import job_models
 from thinkbatch.ledger.hints import job_to_adopt
 from thinkbatch.ledger.hints import mark_hinted
 from thinkbatch.ledger.hints import stale_jobs
@@ -84,6 +86,7 @@ __all__ = [
     "JobState",
     "Lock",
     "Locked",
+    "ModelFilter",
     "NewJob",
     "ToDrive",
     "beat",
@@ -107,6 +110,7 @@ __all__ = [
     "insert_refused_job",
     "insert_upload",
     "job_state",
+    "job_models",
     "job_to_adopt",
     "job_to_drive",
     "lock_jobs",

@@ -4,6 +4,7 @@ the items that were in flight when an engine died, one group of suspects at a ti
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -22,44 +23,67 @@ _LEASE_PICKED = """
         started_at = coalesce(i.started_at, now())
     FROM picked WHERE i.id = picked.id
     RETURNING i.id, i.job_id, i.seq, i.custom_id, i.messages, i.prompt, i.params,
-              i.attempts, i.crashes
+              i.attempts, i.crashes, i.model
 """
 
-_CLAIM = sa.text(
-    """
-    WITH picked AS (
-        SELECT id FROM items
-        WHERE job_id = :job_id AND status = 'pending' AND crashes = 0
-        ORDER BY seq LIMIT :n
-        FOR UPDATE SKIP LOCKED
+# Which of a job's items a worker may take, by model. An item's model is NULL when it is the
+# job's own (`jobs.model`): a job of one model writes no model per item, and a worker that
+# serves all of a job's models filters nothing (`ALL`). Otherwise it takes only the items of
+# the names it serves: those that name one (ix_items_pending_model), and the job's own ones
+# when it serves the job's model too.
+_BY_MODEL = {
+    "all": "",
+    "named": " AND model = ANY(:models)",
+    "named_or_job": " AND (model IS NULL OR model = ANY(:models))",
+}
+
+
+def _claim_sql(models: str) -> sa.TextClause:
+    return sa.text(
+        f"""
+        WITH picked AS (
+            SELECT id FROM items
+            WHERE job_id = :job_id AND status = 'pending' AND crashes = 0{_BY_MODEL[models]}
+            ORDER BY seq LIMIT :n
+            FOR UPDATE SKIP LOCKED
+        )
+        """  # noqa: S608 - constants of this module
+        + _LEASE_PICKED
     )
-    """  # noqa: S608 - two constants joined at import
-    + _LEASE_PICKED
-)
+
+
+_CLAIM = {kind: _claim_sql(kind) for kind in _BY_MODEL}
+
 
 # Items that were in flight when an engine or a worker died are suspects. They run apart from
 # everything else, the most-crashed tier in two halves, so a poison item is cornered in a few
 # engine deaths and its batch-mates are not charged for it (see `release_crashed`). A tier's
 # size counts its members that already finished, so the second half runs whole instead of
 # being halved again.
-_CLAIM_SUSPECTS = sa.text(
-    """
-    WITH top AS (
-        SELECT max(crashes) AS crashes FROM items
-        WHERE job_id = :job_id AND status = 'pending' AND crashes > 0
-    ), tier AS (
-        SELECT count(*) AS n FROM items
-        WHERE job_id = :job_id AND crashes = (SELECT crashes FROM top)
-    ), picked AS (
-        SELECT id FROM items
-        WHERE job_id = :job_id AND status = 'pending' AND crashes = (SELECT crashes FROM top)
-        ORDER BY seq
-        LIMIT (SELECT greatest(1, ceil(n / 2.0))::int FROM tier)
-        FOR UPDATE SKIP LOCKED
+def _suspects_sql(models: str) -> sa.TextClause:
+    by_model = _BY_MODEL[models]
+    return sa.text(
+        f"""
+        WITH top AS (
+            SELECT max(crashes) AS crashes FROM items
+            WHERE job_id = :job_id AND status = 'pending' AND crashes > 0{by_model}
+        ), tier AS (
+            SELECT count(*) AS n FROM items
+            WHERE job_id = :job_id AND crashes = (SELECT crashes FROM top){by_model}
+        ), picked AS (
+            SELECT id FROM items
+            WHERE job_id = :job_id AND status = 'pending'
+              AND crashes = (SELECT crashes FROM top){by_model}
+            ORDER BY seq
+            LIMIT (SELECT greatest(1, ceil(n / 2.0))::int FROM tier)
+            FOR UPDATE SKIP LOCKED
+        )
+        """  # noqa: S608 - constants of this module
+        + _LEASE_PICKED
     )
-    """  # noqa: S608 - two constants joined at import
-    + _LEASE_PICKED
-)
+
+
+_CLAIM_SUSPECTS = {kind: _suspects_sql(kind) for kind in _BY_MODEL}
 
 
 def claim(
@@ -70,8 +94,10 @@ def claim(
     n: int,
     lease_s: float,
     suspects: bool = False,
+    models: ModelFilter | None = None,
 ) -> list[Claimed]:
-    """Lease up to `n` pending items of a runnable job (or one group of suspects) to `owner`."""
+    """Lease up to `n` pending items of a runnable job (or one group of suspects) to `owner`:
+    of every model, or only of those `models` lets through."""
     # Suspects are claimed one group at a time (the halving in _CLAIM_SUSPECTS counts what
     # the others took): their claims exclude each other, as stores of the job do.
     state = lock_jobs(conn, [job_id], Lock.items if suspects else Lock.claim).get(job_id)
@@ -79,8 +105,11 @@ def claim(
         return []
     if n <= 0 and not suspects:
         return []
-    statement = _CLAIM_SUSPECTS if suspects else _CLAIM
+    kind = "all" if models is None else models.kind
+    statement = (_CLAIM_SUSPECTS if suspects else _CLAIM)[kind]
     params: dict[str, Any] = {"job_id": job_id, "owner": owner, "lease_s": lease_s}
+    if models is not None and kind != "all":
+        params["models"] = list(models.names)
     if not suspects:
         params["n"] = n
     rows = conn.execute(statement, params).all()
@@ -97,13 +126,39 @@ def claim(
     return claimed
 
 
-def has_suspects(conn: sa.Connection, job_id: uuid.UUID) -> bool:
+@dataclass(frozen=True, slots=True)
+class ModelFilter:
+    """The items of a job a worker may claim: those of `names` (the job's models it serves),
+    and the job's own (NULL) ones when `job_model` is among them."""
+
+    names: tuple[str, ...]
+    job_model: str
+    every: bool = False  # it serves all of the job's models: no filter
+
+    @classmethod
+    def of(cls, job_model: str, job_models: list[str], served: list[str]) -> ModelFilter:
+        mine = tuple(m for m in job_models if m in served)
+        return cls(mine, job_model, every=len(mine) == len(set(job_models)))
+
+    @property
+    def kind(self) -> str:
+        if self.every:
+            return "all"
+        return "named_or_job" if self.job_model in self.names else "named"
+
+
+def has_suspects(conn: sa.Connection, job_id: uuid.UUID, models: ModelFilter | None = None) -> bool:
+    kind = "all" if models is None else models.kind
+    params: dict[str, Any] = {"id": job_id}
+    if kind != "all":
+        assert models is not None
+        params["models"] = list(models.names)
     return bool(
         conn.execute(
             sa.text(
-                "SELECT EXISTS (SELECT 1 FROM items WHERE job_id = :id AND status = 'pending' "
-                "AND crashes > 0)"
+                "SELECT EXISTS (SELECT 1 FROM items WHERE job_id = :id AND status = 'pending' "  # noqa: S608 - constants of this module
+                f"AND crashes > 0{_BY_MODEL[kind]})"
             ),
-            {"id": job_id},
+            params,
         ).scalar()
     )

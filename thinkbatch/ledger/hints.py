@@ -28,37 +28,60 @@ _HAS_PENDING = (
 )
 
 
+# ... and pending items of one of :models (an item's NULL model is its job's).
+_HAS_PENDING_OF = (
+    "jobs.unfinished > 0 AND jobs.models ?| CAST(:models AS text[]) AND EXISTS (SELECT 1 FROM "
+    "items WHERE items.job_id = jobs.id AND items.status = 'pending' AND "
+    "coalesce(items.model, jobs.model) = ANY(:models))"
+)
+
+
 def job_to_adopt(
-    conn: sa.Connection, *, model: str, exclude: Sequence[uuid.UUID]
+    conn: sa.Connection, *, models: Sequence[str], exclude: Sequence[uuid.UUID]
 ) -> uuid.UUID | None:
-    """The most urgent runnable job of `model` with unclaimed items, but those in `exclude`:
-    one an idle worker may take a share of."""
+    """The most urgent runnable job with unclaimed items of `models`, but those in `exclude`:
+    one an idle worker of those models may take a share of."""
     return conn.execute(
         sa.text(
             f"""
             SELECT id FROM jobs
-            WHERE status IN {RUNNABLE_SQL} AND {_HAS_PENDING}
-              AND model = :model AND expires_at > now() AND NOT (id = ANY(:exclude))
+            WHERE status IN {RUNNABLE_SQL} AND {_HAS_PENDING_OF}
+              AND expires_at > now() AND NOT (id = ANY(:exclude))
             ORDER BY priority DESC, created_at LIMIT 1
-            """  # noqa: S608 - RUNNABLE_SQL and _HAS_PENDING are constants
+            """  # noqa: S608 - RUNNABLE_SQL and _HAS_PENDING_OF are constants
         ),
-        {"model": model, "exclude": list(exclude)},
+        {"models": list(models), "exclude": list(exclude)},
     ).scalar()
 
 
-def stale_jobs(conn: sa.Connection, *, stale_s: float) -> list[uuid.UUID]:
+def stale_jobs(
+    conn: sa.Connection, *, stale_s: float, models: Sequence[str] | None = None
+) -> list[uuid.UUID]:
     """Runnable jobs with pending items and no hint for `stale_s` seconds: a lost or
-    never-sent hint. Most urgent first."""
+    never-sent hint. Most urgent first. With `models` (those a live worker serves), only the
+    jobs of those: a job whose models have no live worker waits for one, which adopts it."""
+    where = _HAS_PENDING if models is None else _HAS_PENDING_OF
+    params: dict[str, object] = {"s": stale_s}
+    if models is not None:
+        params["models"] = list(models)
     return list(
         conn.execute(
             sa.text(
                 f"""
                 SELECT id FROM jobs
-                WHERE status IN {RUNNABLE_SQL} AND {_HAS_PENDING}
+                WHERE status IN {RUNNABLE_SQL} AND {where}
                   AND (hinted_at IS NULL OR hinted_at < now() - make_interval(secs => :s))
                 ORDER BY priority DESC, created_at
-                """  # noqa: S608 - RUNNABLE_SQL and _HAS_PENDING are constants
+                """  # noqa: S608 - RUNNABLE_SQL and the two conditions are constants
             ),
-            {"s": stale_s},
+            params,
         ).scalars()
     )
+
+
+def job_models(conn: sa.Connection, job_id: uuid.UUID) -> list[str]:
+    """The distinct models of a job's items: the queues its hints go to."""
+    models = conn.execute(
+        sa.text("SELECT models FROM jobs WHERE id = :id"), {"id": job_id}
+    ).scalar()
+    return list(models or ())

@@ -28,12 +28,14 @@ class ToDrive:
     status: str
     tenant: str
     created_at: datetime
+    models: list[str]
 
 
 def job_to_drive(conn: sa.Connection, job_id: uuid.UUID) -> ToDrive | None:
     row = conn.execute(
         sa.text(
-            "SELECT model, params, priority, status, tenant, created_at FROM jobs WHERE id = :id"
+            "SELECT model, params, priority, status, tenant, created_at, models FROM jobs "
+            "WHERE id = :id"
         ),
         {"id": job_id},
     ).first()

@@ -21,6 +21,9 @@ class Claimed:
     params: dict[str, Any] | None
     attempt: int
     crashes: int
+    # The served name it runs on; None in the ledger for the job's own model, which the runner
+    # fills in once claimed (every item it hands the engine names its model).
+    model: str | None = None
 
 
 @dataclass(slots=True)  # not frozen: see Claimed

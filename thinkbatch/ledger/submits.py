@@ -20,7 +20,7 @@ from thinkbatch.models import Job
 # RefusedItem): the insert trigger counts it with the job's failed items, never as unfinished.
 _COPY_ITEMS = (
     "COPY items (job_id, seq, custom_id, messages, prompt, params, status, error_code, "
-    "error_message, error_param, finished_at) FROM STDIN"
+    "error_message, error_param, finished_at, model) FROM STDIN"
 )
 
 
@@ -73,7 +73,7 @@ def insert_job(conn: sa.Connection, job: NewJob) -> None:
 
 def copy_items(conn: sa.Connection, rows: Iterator[tuple[object, ...]]) -> None:
     """Write the rows (job_id, seq, custom_id, messages, prompt, params, status, error_code,
-    error_message, error_param, finished_at) as they come: COPY streams them, so the
+    error_message, error_param, finished_at, model) as they come: COPY streams them, so the
     submission's memory does not grow with its size."""
     driver = conn.connection.driver_connection
     assert driver is not None
@@ -93,16 +93,21 @@ def settle_job(
     conn: sa.Connection,
     job_id: uuid.UUID,
     *,
+    model: str,
+    models: list[str],
     params: dict[str, Any],
     metadata: dict[str, str] | None,
     priority: int,
     expires_at: datetime,
 ) -> None:
-    """The job's settings, once its items are stored."""
+    """The job's settings, once its items are stored: its model, the distinct models of its
+    items, and what its header says."""
     conn.execute(
         sa.update(Job)
         .where(Job.id == job_id)
         .values(
+            model=model,
+            models=models,
             params=params,
             meta=sa.cast(metadata, JSONB) if metadata is not None else sa.null(),
             priority=priority,

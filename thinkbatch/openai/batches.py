@@ -110,6 +110,7 @@ class _Lines:
         # The line last offered: the job service checks each item as it is offered, before
         # the next is read, so its errors concern this line.
         self.current: lines.ParsedLine | None = None
+        self.fleet = jobs.fleet()
 
     def items(self) -> Iterator[ItemIn | RefusedItem]:
         settings = self.jobs.settings
@@ -129,21 +130,21 @@ class _Lines:
                         code="line_too_long",
                     )
                 parsed = lines.parse_line(raw, self.endpoint, limits)
-                # As OpenAI refuses a file whose lines name another model than the batch's.
-                if parsed.model is not None and parsed.model != settings.model_name:
-                    raise InputError(
-                        f"body.model: {parsed.model!r} is not served here; this deployment "
-                        f"serves {settings.model_name!r}",
-                        param="body.model",
-                        code="model_not_found",
-                    )
+                # A model no configuration names and no worker serves fails the file, as
+                # OpenAI refuses a file that names a model it does not have. A file may mix the
+                # models served here: each line runs on its own model's workers.
+                if parsed.model is not None:
+                    self.fleet.check(parsed.model, "body.model")
             except InputError as error:
                 self.error(error)
                 if len(self.errors) >= settings.max_batch_errors:
                     break
                 continue
             self.current = parsed
-            yield parsed.item
+            if parsed.model is not None and isinstance(parsed.item, ItemIn):
+                yield parsed.item.model_copy(update={"model": parsed.model})
+            else:
+                yield parsed.item
             if len(self.errors) >= settings.max_batch_errors:
                 break
         if self.lines == 0 and not self.errors:
@@ -389,7 +390,7 @@ def render(engine: sa.Engine, job: Job, kind: FileKind, batch: int = 1000) -> It
     endpoint, model = job.endpoint or lines.CHAT, job.model
     buffer: list[bytes] = []
     for row in result_rows(engine, job.id, succeeded=kind == FileKind.output):
-        buffer.append(lines.render(row, endpoint=endpoint, model=model))
+        buffer.append(lines.render(row, endpoint=endpoint, model=row.model or model))
         if len(buffer) >= batch:
             yield b"".join(buffer)
             buffer.clear()
@@ -414,21 +415,35 @@ def open_file(jobs: JobService, caller: Caller, key: uuid.UUID) -> tuple[int, It
 
 
 def served_models(session: orm.Session, settings: Settings) -> ModelList:
-    """The models that live workers serve (known from their heartbeats), as OpenAI's list."""
+    """Every served name, as OpenAI's list: those the fleet is configured for (SERVED_MODELS)
+    and those live workers serve (their base models and adapters, from their heartbeats),
+    each with its live worker count; an adapter names its base model as `parent`. A name with
+    no live worker is listed with 0: jobs for it are accepted and wait for one."""
     since = sa.func.now() - sa.func.make_interval(0, 0, 0, 0, 0, 0, settings.worker_dead_after_s)
     rows = session.execute(
-        sa.select(Worker.model, sa.func.min(Worker.started_at))
-        .where(Worker.stopped_at.is_(None), Worker.heartbeat_at > since)
-        .group_by(Worker.model)
-        .order_by(Worker.model)
+        sa.select(Worker.model, Worker.adapters, Worker.started_at).where(
+            Worker.stopped_at.is_(None), Worker.heartbeat_at > since
+        )
     ).all()
+    workers: dict[str, int] = {}
+    started: dict[str, datetime] = {}
+    parent: dict[str, str] = {name: settings.model_name for name in settings.lora_adapters}
+    for model, adapters, at in rows:
+        for name in (model, *(adapters or ())):
+            workers[name] = workers.get(name, 0) + 1
+            started[name] = min(at, started.get(name, at))
+        for name in adapters or ():
+            parent[name] = model
+    names = [*settings.configured_models]
+    names += sorted(set(workers) - set(names))
     return ModelList.model_validate(
         {
             "object": "list",
             "data": [
-                {"id": model, "object": "model", "created": _unix(started),
-                 "owned_by": "thinkbatch"}
-                for model, started in rows
+                {"id": name, "object": "model", "created": _unix(started.get(name)),
+                 "owned_by": "thinkbatch", "parent": parent.get(name),
+                 "workers": workers.get(name, 0)}
+                for name in names
             ],
         }
     )  # fmt: skip

@@ -140,8 +140,12 @@ class BatchList(BaseModel):
 class Model(BaseModel):
     id: str
     object: Literal["model"]
-    created: int | None
+    created: int | None = Field(description="When its first live worker started; null: none.")
     owned_by: str
+    parent: str | None = Field(
+        None, description="For a LoRA adapter: the base model it runs on (as vLLM names it)."
+    )
+    workers: int = Field(0, description="Live workers that serve it now; 0: jobs wait for one.")
 
 
 class ModelList(BaseModel):

@@ -160,9 +160,12 @@ class Claimer:
                     n=n,
                     lease_s=self.settings.lease_s,
                     suspects=suspects,
+                    models=handle.models,
                 )
                 if not items and not suspects:
-                    self.suspects.flag(handle, ledger.has_suspects(conn, handle.job_id))
+                    self.suspects.flag(
+                        handle, ledger.has_suspects(conn, handle.job_id, handle.models)
+                    )
                 return items
 
         with clock.measure("claim"):
@@ -173,6 +176,10 @@ class Claimer:
             if not self.suspects.has_waiting(handle):
                 handle.exhausted_until = time.monotonic() + 1.0
             return
+        if handle.models is not None:
+            for item in claimed:  # the job's own model, named for the engine
+                if item.model is None:
+                    item.model = handle.models.job_model
         if suspects:
             self.suspects.flag(handle, False)
             log.warning("running %d crash suspect(s) of job %s alone", len(claimed), handle.job_id)

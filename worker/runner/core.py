@@ -30,6 +30,7 @@ import sqlalchemy as sa
 
 from thinkbatch import ledger
 from thinkbatch.db import retry_transient
+from thinkbatch.ledger import ModelFilter
 from thinkbatch.models import JobStatus
 from thinkbatch.settings import Settings
 from worker.engine import Engine
@@ -298,15 +299,12 @@ class Runner:
             row = ledger.job_to_drive(conn, job_id)
         if row is None or row.status not in ledger.RUNNABLE:
             return None
-        if row.model != self.settings.model_name:
-            with self.db.begin() as conn:
-                ledger.fail_job(
-                    conn,
-                    job_id,
-                    code="model_not_served",
-                    message=f"this deployment serves {self.settings.model_name!r}, "
-                    f"not {row.model!r}",
-                )
+        # Only the items of the models this worker serves: a hint for a job of other models
+        # (sent to the wrong queue, or by hand) claims nothing here, and the job waits for its
+        # own workers. Postgres's model per item is what decides, never the queue.
+        models = ModelFilter.of(row.model, row.models or [row.model], self.settings.served_names)
+        if not models.names:
+            log.info("job %s has no items of the models served here; hint dropped", job_id)
             return None
         with self.inflight.lock:
             current = self.inflight.handles.get(job_id)
@@ -326,6 +324,7 @@ class Runner:
                 job_id=job_id,
                 weight=1 + row.priority,
                 params=row.params or {},
+                models=models,
                 tenant=row.tenant,
                 created_at=row.created_at.timestamp(),
                 predecessor=current,

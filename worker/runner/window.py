@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from thinkbatch.ledger import Claimed
+from thinkbatch.ledger import ModelFilter
 from thinkbatch.models import DEFAULT_TENANT
 
 if TYPE_CHECKING:
@@ -34,6 +35,8 @@ class JobHandle:
     job_id: uuid.UUID
     weight: int
     params: dict[str, Any]
+    # Which of the job's items this worker may claim (by model); None: all of them.
+    models: ModelFilter | None = None
     tenant: str = DEFAULT_TENANT
     created_at: float = 0.0  # the job's, as a Unix time (for the latency metrics)
     inflight: int = 0  # handed to the engine, not yet returned
