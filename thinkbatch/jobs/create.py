@@ -12,7 +12,6 @@ import json
 import math
 import sys
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC
 from datetime import datetime
@@ -101,16 +100,15 @@ class ItemRows:
         context: ContextBound | None = None,
         job_params: SamplingParamsIn | None = None,
         fleet: Fleet | None = None,
-        bound: Callable[[str], ContextBound | None] | None = None,
+        bounds: dict[str, ContextBound | None] | None = None,
     ):
         self.job_id = job_id
         self.settings = settings
         self.context = context  # None: no live worker told the model's bound
         self.job_params = job_params
         self.fleet = fleet or Fleet(settings.configured_models)
-        # The context bound of a model an item names (looked up once per model).
-        self._bound = bound
-        self._bounds: dict[str, ContextBound | None] = {}
+        # The context bound of each model an item may name (read before the items stream).
+        self._bounds = bounds or {}
         # Items by the model they name; those that name none run on the job's.
         self.by_model: dict[str, int] = {}
         self.job_model_items = 0
@@ -249,11 +247,9 @@ class ItemRows:
             raise InputError(f"{param}: {why}", param=param, code="prompt_too_long")
 
     def _context(self, model: str | None) -> ContextBound | None:
-        if model is None or self._bound is None:
+        if model is None:
             return self.context
-        if model not in self._bounds:
-            self._bounds[model] = self._bound(model)
-        return self._bounds[model]
+        return self._bounds.get(model)
 
     def models(self, job_model: str) -> list[str]:
         """The job's distinct models, once every item is in."""

@@ -41,7 +41,6 @@ from thinkbatch.jobs import quotas
 from thinkbatch.jobs import read
 from thinkbatch.jobs import results
 from thinkbatch.jobs import stats
-from thinkbatch.jobs.context import ContextBound
 from thinkbatch.jobs.context import for_model
 from thinkbatch.jobs.create import RefusedItem
 from thinkbatch.jobs.fleet import Fleet
@@ -247,19 +246,20 @@ class JobService:
             job = self._new_job(caller, key, digest, origin, None)
             ledger.insert_job(conn, job)
             fleet = Fleet.read(conn, settings)
-            dead_after_s = settings.worker_dead_after_s
-
-            def bound(model: str) -> ContextBound | None:
-                return for_model(conn, model, dead_after_s=dead_after_s)
-
+            # Every name's context bound, read before the items stream: the connection is busy
+            # with their COPY from then on.
+            bounds = {
+                name: for_model(conn, name, dead_after_s=settings.worker_dead_after_s)
+                for name in fleet.names()
+            }
             known = header.model if header is not None and header.model else job.model
             rows = create.ItemRows(
                 job.id,
                 settings,
-                bound(known),
+                bounds.get(known),
                 header.params if header is not None else None,
                 fleet=fleet,
-                bound=bound,
+                bounds=bounds,
             )
             header = fill(conn, rows)
             create.check_header(header, settings, fleet)
