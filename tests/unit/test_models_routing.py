@@ -1,0 +1,237 @@
+"""Many models on one service, on the fake engine: each item runs on a worker of the model it
+names, claims take only the items of a worker's models, hints go to each model's queue, a job
+for a configured model with no live worker waits visibly and runs when one starts, and an
+unknown model is refused naming what is served."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+import sqlalchemy as sa
+from flask import Flask
+from flask.testing import FlaskClient
+
+from tests.helpers import TENANT
+from tests.helpers import job_records
+from tests.helpers import keyed_client
+from tests.helpers import make_key
+from tests.helpers import make_settings
+from tests.helpers import submit_job
+from tests.runner_harness import Harness
+from tests.runner_harness import wait_status
+from thinkbatch import ledger
+from thinkbatch.ledger import ModelFilter
+from thinkbatch.queue import model_queue
+from thinkbatch.settings import Settings
+from thinkbatch.sweeper import sweep
+
+BASE, OTHER = "thinkbatch-demo", "tiny-b"
+MSG = [{"role": "user", "content": "Which model am I?"}]
+
+
+def mixed(n: int = 12) -> dict[str, Any]:
+    """Every third item on OTHER, the rest on the job's model (BASE)."""
+    items = [
+        {"custom_id": f"i{k}", "messages": MSG, **({"model": OTHER} if k % 3 == 0 else {})}
+        for k in range(n)
+    ]
+    return {"model": BASE, "items": items}
+
+
+@pytest.fixture
+def settings(database_url: str, redis_url: str) -> Settings:
+    return make_settings(database_url, redis_url, served_models=[BASE, OTHER])
+
+
+@pytest.fixture
+def harness(settings: Settings, db: sa.Engine) -> Iterator[Harness]:
+    h = Harness(settings.model_copy(update={"engine_extra_args": {"step_s": 0.001}}), db)
+    yield h
+    h.close()
+
+
+def register(db: sa.Engine, owner: str, model: str, adapters: list[str] | None = None) -> None:
+    with db.begin() as conn:
+        ledger.register_worker(conn, owner, hostname="h", pid=1, model=model)
+        if adapters is not None:
+            conn.execute(
+                sa.text("UPDATE workers SET adapters = CAST(:a AS jsonb) WHERE id = :id"),
+                {"a": json.dumps(adapters), "id": owner},
+            )
+
+
+def claim_as(
+    db: sa.Engine, job_id: uuid.UUID, served: list[str], owner: str = "w"
+) -> list[ledger.Claimed]:
+    with db.begin() as conn:
+        row = ledger.job_to_drive(conn, job_id)
+        assert row is not None
+        models = ModelFilter.of(row.model, row.models, served)
+        return ledger.claim(conn, job_id, owner=owner, n=100, lease_s=60, models=models)
+
+
+def test_claims_take_only_the_items_of_the_models_served(db: sa.Engine, settings: Settings) -> None:
+    job_id = submit_job(db, settings, mixed())
+    with db.connect() as conn:
+        models = conn.execute(sa.text("SELECT models FROM jobs WHERE id = :id"), {"id": job_id})
+        assert models.scalar() == [BASE, OTHER]
+    other = claim_as(db, job_id, [OTHER, "unrelated"])
+    assert sorted(c.seq for c in other) == [0, 3, 6, 9]
+    assert {c.model for c in other} == {OTHER}
+    base = claim_as(db, job_id, [BASE])
+    assert sorted(c.seq for c in base) == [1, 2, 4, 5, 7, 8, 10, 11]
+    assert {c.model for c in base} == {None}  # the job's own: the runner names it
+    assert claim_as(db, job_id, ["nobody"]) == []
+
+
+def test_each_item_runs_on_a_worker_of_its_model(harness: Harness) -> None:
+    job_id = submit_job(harness.db, harness.settings, mixed(30))
+    runners = [
+        harness.runner(served_model_name=BASE),
+        harness.runner(served_model_name=OTHER),
+    ]
+    threads = [harness.drive(r, job_id)[0] for r in runners]
+    for thread in threads:
+        thread.join(30)
+    assert wait_status(harness.db, job_id, {"completed"}).succeeded == 30
+    with harness.db.connect() as conn:
+        ran = conn.execute(
+            sa.text(
+                "SELECT coalesce(i.model, j.model) AS asked, w.model AS served "
+                "FROM item_results r JOIN items i ON i.id = r.item_id "
+                "JOIN jobs j ON j.id = i.job_id JOIN workers w ON w.id = r.worker_id"
+            )
+        ).all()
+    assert len(ran) == 30
+    assert [r for r in ran if r.asked != r.served] == []  # 0 on the wrong model
+    assert {r.served for r in ran} == {BASE, OTHER}
+    records = job_records(harness.db, harness.settings, job_id)
+    assert records["i0"]["model"] == OTHER and records["i1"]["model"] == BASE
+
+
+def test_a_worker_drops_a_hint_for_a_job_of_other_models(harness: Harness) -> None:
+    job_id = submit_job(
+        harness.db, harness.settings, {"model": OTHER, "items": mixed()["items"][:1]}
+    )
+    runner = harness.runner(served_model_name=BASE)
+    thread, reports = harness.drive(runner, job_id)
+    thread.join(10)
+    assert reports[0]["outcome"] == "not runnable here"
+    with harness.db.connect() as conn:
+        status = conn.execute(sa.text("SELECT status FROM jobs WHERE id = :id"), {"id": job_id})
+        assert status.scalar() == "queued"  # not failed: it waits for a worker of its model
+
+
+def test_hints_go_to_each_models_queue(client: FlaskClient, settings: Settings) -> None:
+    job_id = client.post("/v1/jobs", json=mixed()).json["id"]
+    with redis.Redis.from_url(settings.require_redis_url()) as broker:
+        for model in (BASE, OTHER):
+            messages = [json.loads(m) for m in broker.lrange(model_queue(settings, model), 0, -1)]
+            assert [m["headers"]["argsrepr"] for m in messages] == [repr([job_id])], model
+
+
+def test_a_configured_model_without_a_worker_waits_visibly(
+    client: FlaskClient, db: sa.Engine, settings: Settings
+) -> None:
+    register(db, "w-base", BASE)
+    job = client.post("/v1/jobs", json=mixed()).json
+    assert job["waiting_for"] == []  # known at submit only once read back
+    status = client.get(f"/v1/jobs/{job['id']}").json
+    assert status["waiting_for"] == [OTHER]
+    listed = client.get("/v1/jobs").json["data"][0]
+    assert listed["waiting_for"] == [OTHER]
+    register(db, "w-other", OTHER)
+    assert client.get(f"/v1/jobs/{job['id']}").json["waiting_for"] == []
+
+
+def test_an_unknown_model_is_refused_naming_what_is_served(
+    client: FlaskClient, db: sa.Engine
+) -> None:
+    register(db, "w-live", "live-only", adapters=["live-adapter"])
+    for body, param in (
+        ({"model": "nope", "items": [{"prompt": "x"}]}, "model"),
+        ({"items": [{"prompt": "x"}, {"prompt": "y", "model": "nope"}]}, "items[1].model"),
+    ):
+        error = client.post("/v1/jobs", json=body).json["error"]
+        assert (error["code"], error["param"]) == ("model_not_found", param)
+        for served in (BASE, OTHER, "live-only", "live-adapter"):
+            assert repr(served) in error["message"]
+    # A name only a live worker serves (an adapter) is accepted.
+    made = client.post("/v1/jobs", json={"items": [{"prompt": "x", "model": "live-adapter"}]})
+    assert made.status_code == 201 and made.json["model"] == "live-adapter"
+
+
+def test_models_lists_every_served_name_with_its_live_workers(
+    client: FlaskClient, db: sa.Engine
+) -> None:
+    register(db, "w1", BASE, adapters=["lora-a"])
+    register(db, "w2", BASE)
+    data = {m["id"]: m for m in client.get("/v1/models").json["data"]}
+    assert (data[BASE]["workers"], data[OTHER]["workers"], data["lora-a"]["workers"]) == (2, 0, 1)
+    assert data["lora-a"]["parent"] == BASE and data[BASE]["parent"] is None
+    assert data[OTHER]["created"] is None
+
+
+def test_the_sweeper_rehints_only_models_with_a_live_worker(
+    db: sa.Engine, settings: Settings
+) -> None:
+    waiting = submit_job(db, settings, {"model": OTHER, "items": [{"prompt": "x"}]})
+    served = submit_job(db, settings, {"items": [{"prompt": "x"}]})
+    register(db, "w-base", BASE)
+    published: list[uuid.UUID] = []
+    sweep(db, settings, publish=lambda j: published.append(j) or True)
+    assert published == [served]  # the other waits: nobody serves its model yet
+    register(db, "w-other", OTHER)
+    with db.begin() as conn:
+        conn.execute(sa.text("UPDATE jobs SET hinted_at = NULL"))
+    published.clear()
+    sweep(db, settings, publish=lambda j: published.append(j) or True)
+    assert set(published) == {waiting, served}
+
+
+def test_an_idle_worker_adopts_a_waiting_job_of_its_model(
+    db: sa.Engine, settings: Settings
+) -> None:
+    waiting = submit_job(db, settings, {"model": OTHER, "items": [{"prompt": "x"}]})
+    with db.connect() as conn:
+        assert ledger.job_to_adopt(conn, models=[BASE], exclude=[]) is None
+        assert ledger.job_to_adopt(conn, models=[OTHER], exclude=[]) == waiting
+
+
+def test_a_mixed_batch_file_runs_each_line_on_its_model(
+    make_app: Callable[..., Flask], db: sa.Engine, harness: Harness
+) -> None:
+    client = keyed_client(make_app(), make_key(db, TENANT))
+    lines = [
+        {"custom_id": f"c{k}", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": OTHER if k % 2 else BASE, "messages": MSG}}
+        for k in range(6)
+    ]  # fmt: skip
+    data = b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+    from io import BytesIO
+
+    file_id = client.post(
+        "/v1/files", data={"purpose": "batch", "file": (BytesIO(data), "in.jsonl")}
+    ).json["id"]
+    batch = client.post(
+        "/v1/batches",
+        json={"input_file_id": file_id, "endpoint": "/v1/chat/completions",
+              "completion_window": "24h"},
+    ).json  # fmt: skip
+    job_id = uuid.UUID(batch["id"].removeprefix("batch_"))
+    threads = [harness.drive(harness.runner(served_model_name=m), job_id)[0] for m in (BASE, OTHER)]
+    for thread in threads:
+        thread.join(30)
+    assert wait_status(db, job_id, {"completed"}).succeeded == 6
+    done = client.get(f"/v1/batches/{batch['id']}").json
+    assert done["request_counts"] == {"total": 6, "completed": 6, "failed": 0}
+    records = job_records(db, harness.settings, job_id)
+    assert {cid: r["model"] for cid, r in records.items()} == {
+        f"c{k}": OTHER if k % 2 else BASE for k in range(6)
+    }
