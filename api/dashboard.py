@@ -39,7 +39,6 @@ from api.auth import public
 from api.services import services
 from thinkbatch.errors import NotFound
 from thinkbatch.jobs import JobOut
-from thinkbatch.jobs import job_out
 from thinkbatch.jobs import parse_job_id
 from thinkbatch.keys import verify_key
 
@@ -103,6 +102,7 @@ def index() -> Response:
         "dashboard/index.html",
         refresh=any(r["running"] for r in rows),
         rows=rows,
+        models=svc.jobs.models_view(),
         tenant=caller().tenant,
     )
 
@@ -112,7 +112,7 @@ def index() -> Response:
 def job_page(job_id: str) -> Response:
     svc = services()
     key = parse_job_id(job_id)
-    job = job_out(svc.jobs.get(caller(), key))
+    job = svc.jobs.status(caller(), key)  # with the models it waits for
     items = svc.jobs.items(caller(), key, limit=ITEMS_SHOWN)
     row = _row(job)
     return _page(
@@ -125,7 +125,7 @@ def job_page(job_id: str) -> Response:
 def timeline(job_id: str) -> Response:
     svc = services()
     key = parse_job_id(job_id)
-    job = job_out(svc.jobs.get(caller(), key))  # scopes by tenant
+    job = svc.jobs.status(caller(), key)  # scopes by tenant
     times = svc.jobs.finished_times(caller(), key)
     row = _row(job)
     return _page("dashboard/timeline.html", refresh=row["running"], row=row, plot=plot(job, times))

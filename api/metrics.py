@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 
 from flask import Blueprint
 from flask import Flask
@@ -23,10 +24,15 @@ from prometheus_client import Counter
 from prometheus_client import Histogram
 from prometheus_client import generate_latest
 from prometheus_client import multiprocess
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from api.auth import public
 from api.openapi import Doc
 from api.openapi import describe
+from api.services import services
+from thinkbatch.jobs.fleet import live_workers
+from thinkbatch.jobs.fleet import work_by_model
 
 bp = Blueprint("metrics", __name__)
 
@@ -68,7 +74,40 @@ def registry() -> CollectorRegistry:
     )
 )
 def metrics() -> Response:
-    return Response(generate_latest(registry()), content_type=CONTENT_TYPE_LATEST)
+    fleet = CollectorRegistry()
+    fleet.register(FleetCollector())
+    text = generate_latest(registry()) + generate_latest(fleet)
+    return Response(text, content_type=CONTENT_TYPE_LATEST)
+
+
+class FleetCollector(Collector):
+    """The work by model, read from Postgres at scrape time (the system of record, the same for
+    every API process): pending and running items by model, and live workers by served name,
+    0 for a configured model that none serves (its jobs wait: worth an alert)."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        svc = services()
+        settings = svc.settings
+        with svc.engine.connect() as conn:
+            work = work_by_model(conn)
+            live = live_workers(conn, dead_after_s=settings.worker_dead_after_s)
+        items = GaugeMetricFamily(
+            "thinkbatch_items", "Pending and running items, by model and status.",
+            labels=["model", "status"],
+        )  # fmt: skip
+        models = sorted({m for m, _ in work} | set(settings.configured_models) | set(live))
+        for model in models:
+            for status in ("pending", "running"):
+                items.add_metric([model, status], work.get((model, status), 0))
+        yield items
+        workers = GaugeMetricFamily(
+            "thinkbatch_model_live_workers",
+            "Live workers serving each model (a base model or an adapter); 0: its jobs wait.",
+            labels=["model"],
+        )
+        for model in models:
+            workers.add_metric([model], live.get(model, 0))
+        yield workers
 
 
 def init_app(app: Flask) -> None:

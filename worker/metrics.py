@@ -112,13 +112,18 @@ class WorkerMetrics:
             "Most items this worker keeps in flight now (INFLIGHT_FACTOR, more while the engine "
             "finishes items fast).",
         )
+        # By the worker's base model: what a fleet's dashboards group workers by.
         self.tokens_per_s = Gauge(
             "thinkbatch_worker_completion_tokens_per_second",
-            f"Completion tokens stored per second over the last {RATE_WINDOW_S:g} s.",
+            f"Completion tokens stored per second over the last {RATE_WINDOW_S:g} s, by the "
+            "worker's model.",
+            ["model"],
         )
         self.items_per_s = Gauge(
             "thinkbatch_worker_items_per_second",
-            f"Items stored as succeeded per second over the last {RATE_WINDOW_S:g} s.",
+            f"Items stored as succeeded per second over the last {RATE_WINDOW_S:g} s, by the "
+            "worker's model.",
+            ["model"],
         )
         # The engine's own scheduler, at its last step (vLLM's scheduler stats).
         self.engine_waiting = Gauge(
@@ -150,8 +155,11 @@ class WorkerMetrics:
         self._recent: collections.deque[tuple[float, int, int]] = collections.deque()
         self.engine: Engine | None = None  # the watched runner's, read by EngineStepsCollector
         self._lock = threading.Lock()
-        self.tokens_per_s.set_function(lambda: self._rate(1))
-        self.items_per_s.set_function(lambda: self._rate(2))
+
+    def rates_for(self, model: str) -> None:
+        """The rates, labelled with the model this worker serves (once it is known)."""
+        self.tokens_per_s.labels(model).set_function(lambda: self._rate(1))
+        self.items_per_s.labels(model).set_function(lambda: self._rate(2))
 
     def _rate(self, index: int) -> float:
         cutoff = time.monotonic() - RATE_WINDOW_S
@@ -284,6 +292,7 @@ def serve(settings: Settings, runner: Watched) -> Any:
     """Serve /metrics on WORKER_METRICS_PORT (0: off). A port in use is logged, not fatal:
     losing the metrics must not cost a loaded engine."""
     metrics.watch(runner)
+    metrics.rates_for(settings.model_name)
     if not settings.worker_metrics_port:
         return None
     try:

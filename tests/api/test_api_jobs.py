@@ -11,7 +11,8 @@ from flask.testing import FlaskClient
 from tests.helpers import check_invariants
 
 JOB_KEYS = ["id", "status", "model", "priority", "created_at", "started_at", "finished_at",
-            "expires_at", "counts", "usage", "metadata", "error", "stats", "waiting_for"]  # fmt: skip
+            "expires_at", "counts", "usage", "metadata", "error", "stats",
+            "waiting_for"]  # fmt: skip
 ITEM_KEYS = ["custom_id", "model", "status", "thinking", "answer", "answer_json", "tool_calls",
              "logprobs", "finish_reason", "thinking_truncated", "usage", "choices", "attempts",
              "error", "started_at", "finished_at"]  # fmt: skip

@@ -235,3 +235,19 @@ def test_a_mixed_batch_file_runs_each_line_on_its_model(
     assert {cid: r["model"] for cid, r in records.items()} == {
         f"c{k}": OTHER if k % 2 else BASE for k in range(6)
     }
+
+
+def test_metrics_and_the_dashboard_show_the_work_by_model(
+    app: Flask, client: FlaskClient, db: sa.Engine
+) -> None:
+    register(db, "w-base", BASE)
+    client.post("/v1/jobs", json=mixed())
+    text = client.get("/metrics").get_data(as_text=True)
+    assert f'thinkbatch_items{{model="{OTHER}",status="pending"}} 4.0' in text
+    assert f'thinkbatch_items{{model="{BASE}",status="pending"}} 8.0' in text
+    assert f'thinkbatch_model_live_workers{{model="{OTHER}"}} 0.0' in text
+    assert f'thinkbatch_model_live_workers{{model="{BASE}"}} 1.0' in text
+    browser = app.test_client()
+    browser.post("/login", data={"key": make_key(db, TENANT)})
+    page = browser.get("/").get_data(as_text=True)
+    assert f'data-model="{OTHER}"' in page and f"waits for {OTHER}" in page

@@ -18,6 +18,22 @@ from thinkbatch.errors import InputError
 from thinkbatch.models import Worker
 from thinkbatch.settings import Settings
 
+# Pending and running items by the model they run on, over the jobs with work left (the
+# `unfinished` count keeps the scan to those, as the autoscaler's query does).
+_WORK_BY_MODEL = sa.text(
+    """
+    SELECT coalesce(i.model, j.model) AS model, i.status::text AS status, count(*) AS n
+    FROM items i JOIN jobs j ON j.id = i.job_id
+    WHERE j.unfinished > 0 AND i.status IN ('pending', 'running')
+    GROUP BY 1, 2
+    """
+)
+
+
+def work_by_model(conn: sa.Connection) -> dict[tuple[str, str], int]:
+    """(model, status) -> items, for pending and running items."""
+    return {(row.model, row.status): row.n for row in conn.execute(_WORK_BY_MODEL)}
+
 
 def _live(dead_after_s: float) -> sa.ColumnElement[bool]:
     # The database's clock, as every judgement of a heartbeat (thinkbatch/ledger/workers.py).
@@ -27,25 +43,49 @@ def _live(dead_after_s: float) -> sa.ColumnElement[bool]:
 
 def live_workers(conn: sa.Connection, *, dead_after_s: float) -> dict[str, int]:
     """Served name (base model or adapter) -> live workers that serve it."""
+    return _live_workers(conn, dead_after_s)[0]
+
+
+def _live_workers(
+    conn: sa.Connection, dead_after_s: float
+) -> tuple[dict[str, int], dict[str, str]]:
     counts: dict[str, int] = {}
+    adapter_of: dict[str, str] = {}
     rows = conn.execute(sa.select(Worker.model, Worker.adapters).where(_live(dead_after_s)))
     for model, adapters in rows:
         for name in (model, *(adapters or ())):
             counts[name] = counts.get(name, 0) + 1
-    return counts
+        for name in adapters or ():
+            adapter_of[name] = model
+    return counts, adapter_of
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLoad:
+    model: str
+    parent: str | None  # an adapter's base model
+    workers: int
+    pending: int
+    running: int
+
+
+def parents(settings: Settings, fleet: Fleet) -> dict[str, str]:
+    """Adapter -> its base model, as this host's settings and the live workers tell."""
+    out = {name: settings.model_name for name in settings.lora_adapters}
+    out.update(fleet.adapter_of)
+    return out
 
 
 @dataclass(slots=True)
 class Fleet:
     configured: list[str]
     live: dict[str, int] = field(default_factory=dict)
+    adapter_of: dict[str, str] = field(default_factory=dict)  # live adapters' base models
 
     @classmethod
     def read(cls, conn: sa.Connection, settings: Settings) -> Fleet:
-        return cls(
-            settings.configured_models,
-            live_workers(conn, dead_after_s=settings.worker_dead_after_s),
-        )
+        live, adapter_of = _live_workers(conn, settings.worker_dead_after_s)
+        return cls(settings.configured_models, live, adapter_of)
 
     def names(self) -> list[str]:
         """Every name a job may ask for: the configured ones first, then any other served."""

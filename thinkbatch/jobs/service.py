@@ -44,7 +44,10 @@ from thinkbatch.jobs import stats
 from thinkbatch.jobs.context import for_model
 from thinkbatch.jobs.create import RefusedItem
 from thinkbatch.jobs.fleet import Fleet
+from thinkbatch.jobs.fleet import ModelLoad
 from thinkbatch.jobs.fleet import live_workers
+from thinkbatch.jobs.fleet import parents as fleet_parents
+from thinkbatch.jobs.fleet import work_by_model
 from thinkbatch.jobs.wire import ItemIn
 from thinkbatch.jobs.wire import ItemPage
 from thinkbatch.jobs.wire import JobHeader
@@ -360,6 +363,25 @@ class JobService:
             job = fresh.get(Job, job_id)
             assert job is not None
             return job
+
+    def models_view(self) -> list[ModelLoad]:
+        """Every served name with its live workers and the fleet's pending and running items
+        on it (the dashboard's table of models; all tenants' work, counts only)."""
+        with self.engine.connect() as conn:
+            fleet = Fleet.read(conn, self.settings)
+            work = work_by_model(conn)
+        names = fleet.names() + sorted({m for m, _ in work} - set(fleet.names()))
+        parents = fleet_parents(self.settings, fleet)
+        return [
+            ModelLoad(
+                model=name,
+                parent=parents.get(name),
+                workers=fleet.live.get(name, 0),
+                pending=work.get((name, "pending"), 0),
+                running=work.get((name, "running"), 0),
+            )
+            for name in names
+        ]
 
     def fleet(self) -> Fleet:
         """What the fleet is configured for and serves now (thinkbatch/jobs/fleet.py)."""
