@@ -282,14 +282,22 @@ def test_the_scalers_query_is_autoscale_py_s_for_the_workers_model() -> None:
     assert seen == {"Qwen/Qwen3-8B", "Qwen/Qwen3-32B"}
 
 
-def test_the_api_serves_the_model_its_workers_load() -> None:
+def test_the_api_accepts_every_model_its_workers_load() -> None:
     for overlay in OVERLAYS:
         config = named(overlay, "ConfigMap", "thinkbatch-config")["data"]
         models = {
             env_of(worker_container(d))["THINKBATCH_MODEL"] for o, d in workers() if o == overlay
         }
-        # One model per deployment today: the API accepts jobs for that one.
-        assert models == {config["THINKBATCH_MODEL"]}, overlay
+        # The API accepts each set's model, also while it is scaled to zero, and its default
+        # model is one of them.
+        settings = Settings(
+            _env_file=None,
+            model=config["THINKBATCH_MODEL"],
+            served_models=json.loads(config["THINKBATCH_SERVED_MODELS"]),
+        )
+        assert set(settings.configured_models) == models, overlay
+        assert settings.model_name in models, overlay
+    assert len({d["metadata"]["name"] for o, d in workers() if o == "example-qwen3-32b"}) == 2
 
 
 def test_each_model_is_downloaded_at_a_pinned_revision_and_loaded_from_it() -> None:
