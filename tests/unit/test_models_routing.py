@@ -251,3 +251,33 @@ def test_metrics_and_the_dashboard_show_the_work_by_model(
     browser.post("/login", data={"key": make_key(db, TENANT)})
     page = browser.get("/").get_data(as_text=True)
     assert f'data-model="{OTHER}"' in page and f"waits for {OTHER}" in page
+
+
+def test_a_worker_stops_driving_a_job_when_only_other_models_items_are_left(
+    harness: Harness,
+) -> None:
+    # Nobody serves OTHER: BASE's worker runs its own items, then lets the job go instead of
+    # driving it (claiming nothing) until its slice ends, and sends no hint that would come
+    # straight back to it.
+    job_id = submit_job(harness.db, harness.settings, mixed(12))
+    thread, reports = harness.drive(harness.runner(served_model_name=BASE), job_id)
+    thread.join(15)
+    assert not thread.is_alive()
+    assert reports[-1]["pending"] == 4 and harness.published == []
+    row = wait_status(harness.db, job_id, {"running"})
+    assert (row.succeeded, row.pending) == (8, 4)
+
+
+def test_released_items_have_their_job_hinted_again(db: sa.Engine, settings: Settings) -> None:
+    # The job may look alive (driven by a worker of another model): the sweeper re-hints it
+    # anyway in the pass that released the items, for the live workers of their model.
+    job_id = submit_job(db, settings, mixed())
+    register(db, "w-other", OTHER)
+    assert len(claim_as(db, job_id, [OTHER], owner="w-other")) == 4
+    with db.begin() as conn:
+        ledger.mark_hinted(conn, job_id)
+        released = ledger.release_crashed(
+            conn, "w-other", max_attempts=3, code="worker_lost", message="gone"
+        )
+        assert released == 4
+        assert ledger.stale_jobs(conn, stale_s=3600, models=[OTHER]) == [job_id]

@@ -23,6 +23,7 @@ API's rows and bytes) and `keys` (API keys).
 
 from thinkbatch.ledger.claims import ModelFilter
 from thinkbatch.ledger.claims import claim
+from thinkbatch.ledger.claims import has_pending
 from thinkbatch.ledger.claims import has_suspects
 from thinkbatch.ledger.files import delete_file
 from thinkbatch.ledger.files import expire_files
@@ -102,6 +103,7 @@ __all__ = [
     "fail_job",
     "finalize_jobs",
     "find_by_key",
+    "has_pending",
     "has_suspects",
     "insert_chunk",
     "insert_job",

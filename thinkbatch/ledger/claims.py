@@ -147,6 +147,24 @@ class ModelFilter:
         return "named_or_job" if self.job_model in self.names else "named"
 
 
+def has_pending(conn: sa.Connection, job_id: uuid.UUID, models: ModelFilter | None = None) -> bool:
+    """Whether the job has pending items (suspects too) of the models in `models`."""
+    kind = "all" if models is None else models.kind
+    params: dict[str, Any] = {"id": job_id}
+    if kind != "all":
+        assert models is not None
+        params["models"] = list(models.names)
+    return bool(
+        conn.execute(
+            sa.text(
+                "SELECT EXISTS (SELECT 1 FROM items WHERE job_id = :id AND status = 'pending'"  # noqa: S608 - constants of this module
+                f"{_BY_MODEL[kind]})"
+            ),
+            params,
+        ).scalar()
+    )
+
+
 def has_suspects(conn: sa.Connection, job_id: uuid.UUID, models: ModelFilter | None = None) -> bool:
     kind = "all" if models is None else models.kind
     params: dict[str, Any] = {"id": job_id}

@@ -273,6 +273,7 @@ def release_crashed(
         },
     )
     _end_unclaimable(conn, job_ids)
+    _hint_again(conn, job_ids)
     return result.rowcount
 
 
@@ -291,4 +292,12 @@ def release_lapsed(conn: sa.Connection, owner: str) -> int:
         {"o": owner},
     )
     _end_unclaimable(conn, job_ids)
+    _hint_again(conn, job_ids)
     return result.rowcount
+
+
+def _hint_again(conn: sa.Connection, job_ids: list[uuid.UUID]) -> None:
+    """Have the sweeper's next re-hint include these jobs (hinted_at NULL is stale at once):
+    their released items need a worker of their model, and the worker that keeps the job
+    looking alive may serve only its other models, so the job would not look stale."""
+    conn.execute(sa.text("UPDATE jobs SET hinted_at = NULL WHERE id = ANY(:ids)"), {"ids": job_ids})

@@ -238,6 +238,7 @@ class Runner:
         next_beat = 0.0
         state = None
         handed_off = False
+        others_only = False  # what is left pending is other models' items
         try:
             while True:
                 handle.settled.wait(PROGRESS_INTERVAL_S)
@@ -281,6 +282,12 @@ class Runner:
                     if handle.exhausted_until and state.pending == 0:
                         break
                     if state.pending > 0 and handle.exhausted_until:
+                        if not self._pending_here(handle):
+                            # Every pending item is another model's: their workers run them,
+                            # or the job waits for one. Driving on would claim nothing, hold a
+                            # task thread and keep the job looking alive to the sweeper.
+                            others_only = True
+                            break
                         handle.exhausted_until = 0.0  # items came back (released); claim again
                         self.inflight.wake.set()
         finally:
@@ -288,7 +295,7 @@ class Runner:
             self.suspects.flag(handle, False)
         pending = state.pending if state is not None else 0
         runnable = state is not None and state.status in ledger.RUNNABLE
-        if pending and runnable and not handed_off:
+        if pending and runnable and not handed_off and not others_only:
             # Items are left that nobody was told about: released on shutdown, or returned by
             # a crash or a retry after claiming closed.
             self.publish(job_id)
@@ -333,6 +340,18 @@ class Runner:
             self.inflight.handles[job_id] = handle
         self.inflight.wake.set()
         return handle
+
+    def _pending_here(self, handle: JobHandle) -> bool:
+        """Whether the job has pending items this worker may claim (of the models it serves);
+        the job's pending count includes every model's."""
+        if handle.models is None or handle.models.every:
+            return True
+
+        def read() -> bool:
+            with self.db.connect() as conn:
+                return ledger.has_pending(conn, handle.job_id, handle.models)
+
+        return retry_transient(read, should_stop=self._dead.is_set)
 
     def _job_state(self, job_id: uuid.UUID) -> ledger.JobState | None:
         with self.db.connect() as conn:
