@@ -375,3 +375,66 @@ def test_cancel_and_expiry_mid_job(chaos: Chaos) -> None:
         assert done["counts"]["succeeded"] > 0 and done["counts"]["expired"] > 0
     finally:
         stack.stop_all()
+
+
+def test_the_only_worker_of_one_model_dies(chaos: Chaos) -> None:
+    # Two models, one worker each; every third item (a long one) names the second model. Its
+    # worker dies mid-job: the first model's items finish regardless, the second's wait, shown
+    # in the job's `waiting_for` once the worker is judged dead, and run when one starts again.
+    base, other = DEMO_MODEL, "tiny-b"
+    stack = fake_workers(chaos, "models")
+    try:
+        stack.start_worker("base", env={"THINKBATCH_SERVED_MODEL_NAME": base})
+        worker = stack.start_worker("other", env={"THINKBATCH_SERVED_MODEL_NAME": other})
+        batch = staggered()
+        for k in range(1, N_ITEMS, 3):
+            batch[k]["model"] = other
+        job = chaos.client.submit(batch, params=SLOW)
+        deadline = time.monotonic() + 60
+        while True:  # it has stored results of its model and holds more when it dies
+            share = share_by_worker(chaos, job["id"])
+            mine = [v for w, v in share.items() if f":{worker.popen.pid}:" in w]
+            if mine and mine[0][0] > 0 and mine[0][1] > 0:
+                break
+            assert time.monotonic() < deadline, share
+            time.sleep(0.05)
+        worker.signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        worker.wait(10)
+
+        def left(model: str) -> int:
+            with chaos.db.connect() as conn:
+                return conn.execute(
+                    sa.text(
+                        "SELECT count(*) FROM items i JOIN jobs j ON j.id = i.job_id"
+                        " WHERE i.job_id = :id AND i.status IN ('pending', 'running')"
+                        " AND coalesce(i.model, j.model) = :m"
+                    ),
+                    {"id": job["id"], "m": model},
+                ).scalar_one()
+
+        deadline = time.monotonic() + 60
+        while left(base) or chaos.client.job(job["id"])["waiting_for"] != [other]:
+            assert time.monotonic() < deadline, chaos.client.job(job["id"])
+            time.sleep(0.2)
+        waiting = chaos.client.job(job["id"])
+        assert waiting["status"] == "running" and left(other) > 0
+        assert waiting["counts"]["running"] == 0  # the dead worker's items were released
+        waited_s = time.monotonic() - killed_at
+        stack.start_worker("other-2", env={"THINKBATCH_SERVED_MODEL_NAME": other})
+        fault_at = datetime.now(UTC)
+        note = f"{left(other)} items of {other} waiting, shown {waited_s:.1f}s after the kill"
+        done = finish(chaos, "9. the only worker of a model killed", job["id"], 1, fault_at, note)
+        assert done["counts"]["succeeded"] == N_ITEMS and done["waiting_for"] == []
+        with chaos.db.connect() as conn:
+            wrong = conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM item_results r JOIN items i ON i.id = r.item_id"
+                    " JOIN jobs j ON j.id = i.job_id JOIN workers w ON w.id = r.worker_id"
+                    " WHERE r.job_id = :id AND w.model <> coalesce(i.model, j.model)"
+                ),
+                {"id": job["id"]},
+            ).scalar_one()
+        assert wrong == 0
+    finally:
+        stack.stop_all()
