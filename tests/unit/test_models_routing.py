@@ -281,3 +281,50 @@ def test_released_items_have_their_job_hinted_again(db: sa.Engine, settings: Set
         )
         assert released == 4
         assert ledger.stale_jobs(conn, stale_s=3600, models=[OTHER]) == [job_id]
+
+
+# slow: fairness needs tenant A's big job still running seconds after B's small jobs finished
+# (as test_runner's test_a_small_job_is_not_starved_by_a_big_one); ~8 s of engine time.
+@pytest.mark.slow
+def test_a_tenant_flooding_one_model_starves_no_one_on_either_model(harness: Harness) -> None:
+    # Tenant A floods BASE with a big job; tenant B's small jobs, one on BASE and one on OTHER,
+    # both finish while A's is still far from done: on BASE's worker B gets its tenant's share
+    # of the engine at once, and OTHER's worker is not held up by A's job at all.
+    slow = {"engine_extra_args": {"step_s": 0.004}}
+    base = harness.runner(served_model_name=BASE, **slow)
+    other = harness.runner(served_model_name=OTHER, **slow)
+    big = submit_job(
+        harness.db,
+        harness.settings,
+        {"model": BASE, "items": [{"prompt": f"flood {k}"} for k in range(1500)]},
+        tenant="tenant-a",
+    )
+    big_thread, _ = harness.drive(base, big)
+    wait_status(harness.db, big, {"running"})
+    small = {
+        model: submit_job(
+            harness.db,
+            harness.settings,
+            {"model": model, "items": [{"prompt": f"small {k}"} for k in range(40)]},
+            tenant="tenant-b",
+        )
+        for model in (BASE, OTHER)
+    }
+    threads = [harness.drive(runner, small[m])[0] for m, runner in ((BASE, base), (OTHER, other))]
+    for thread in threads:
+        thread.join(60)
+    for job_id in small.values():
+        assert wait_status(harness.db, job_id, {"completed"}, timeout=5).succeeded == 40
+    flood = wait_status(harness.db, big, {"running"})
+    assert flood.pending > 500, flood.pending  # B did not wait behind A on either model
+    big_thread.join(120)
+    assert wait_status(harness.db, big, {"completed"}).succeeded == 1500
+    with harness.db.connect() as conn:
+        wrong = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM item_results r JOIN items i ON i.id = r.item_id"
+                " JOIN jobs j ON j.id = i.job_id JOIN workers w ON w.id = r.worker_id"
+                " WHERE w.model <> coalesce(i.model, j.model)"
+            )
+        ).scalar_one()
+    assert wrong == 0
