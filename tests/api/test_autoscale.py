@@ -47,7 +47,7 @@ def test_the_scalers_count_is_the_apis_pending_and_running(
     other = seed_job(db, settings, n=5)
     with db.begin() as conn:
         # Another model's job: it waits for other workers, and must not wake these.
-        move = sa.text("UPDATE jobs SET model = :m WHERE id = :id")
+        move = sa.text("UPDATE jobs SET model = :m, models = jsonb_build_array(:m) WHERE id = :id")
         conn.execute(move, {"m": OTHER, "id": other})
     mine = [claimed, cancelled, failing]
     assert _scaler_count(db, model) == _api_count(client, mine) == 14  # a job arrived: wake
@@ -72,12 +72,25 @@ def test_the_scalers_count_is_the_apis_pending_and_running(
     assert _scaler_count(db, "Qwen/Qwen3-0.6B") == 0
 
 
+def test_a_model_and_its_adapters_count_together(db: sa.Engine, settings: Settings) -> None:
+    from tests.helpers import submit_job
+
+    model = settings.model_name
+    body = {"items": [{"prompt": "a"}, {"prompt": "b", "model": "lora-x"}, {"prompt": "c"}]}
+    settings = settings.model_copy(update={"served_models": [model, "lora-x"]})
+    submit_job(db, settings, body)
+    assert _scaler_count(db, model) == 2
+    with db.connect() as conn:
+        (row,) = conn.exec_driver_sql(pending_work_sql(model, "lora-x")).all()
+    assert row[0] == 3
+
+
 def test_a_model_name_is_quoted_as_data() -> None:
     assert sql_literal("Qwen/Qwen3-8B") == "'Qwen/Qwen3-8B'"
     assert sql_literal("it's") == "'it''s'"
     assert sql_literal("a\\b") == "'a\\b'"  # standard_conforming_strings: no escapes
     sql = pending_work_sql("x' OR '1'='1")
-    assert "jobs.model = 'x'' OR ''1''=''1' AND" in sql
+    assert "ARRAY['x'' OR ''1''=''1']" in sql and "IN ('x'' OR ''1''=''1')" in sql
 
 
 def test_a_hostile_model_name_counts_nothing(db: sa.Engine, settings: Settings) -> None:

@@ -15,18 +15,19 @@ from dataclasses import field
 import sqlalchemy as sa
 
 from thinkbatch.errors import InputError
+from thinkbatch.ledger.statuses import LIVE_ITEMS_SQL
 from thinkbatch.models import Worker
 from thinkbatch.settings import Settings
 
 # Pending and running items by the model they run on, over the jobs with work left (the
 # `unfinished` count keeps the scan to those, as the autoscaler's query does).
 _WORK_BY_MODEL = sa.text(
-    """
+    f"""
     SELECT coalesce(i.model, j.model) AS model, i.status::text AS status, count(*) AS n
     FROM items i JOIN jobs j ON j.id = i.job_id
-    WHERE j.unfinished > 0 AND i.status IN ('pending', 'running')
+    WHERE j.unfinished > 0 AND i.status IN {LIVE_ITEMS_SQL}
     GROUP BY 1, 2
-    """
+    """  # noqa: S608 - made of the enum's constants
 )
 
 

@@ -364,6 +364,11 @@ class JobService:
             assert job is not None
             return job
 
+    def live(self) -> dict[str, int]:
+        """Live workers by served name (the models a job's pending items may wait for)."""
+        with self.engine.connect() as conn:
+            return live_workers(conn, dead_after_s=self.settings.worker_dead_after_s)
+
     def models_view(self) -> list[ModelLoad]:
         """Every served name with its live workers and the fleet's pending and running items
         on it (the dashboard's table of models; all tenants' work, counts only)."""

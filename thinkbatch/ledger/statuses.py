@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from thinkbatch.models import ItemStatus
 from thinkbatch.models import JobStatus
 
 RUNNABLE = (JobStatus.queued.value, JobStatus.running.value)
@@ -19,5 +20,12 @@ def sql_in(statuses: Iterable[str]) -> str:
     return "(" + ", ".join(f"'{JobStatus(s).value}'" for s in statuses) + ")"
 
 
+def items_sql_in(statuses: Iterable[ItemStatus]) -> str:
+    """A set of item statuses as an SQL list of literals, as `sql_in` for jobs."""
+    return "(" + ", ".join(f"'{ItemStatus(s).value}'" for s in statuses) + ")"
+
+
+# Items with work left: waiting for a worker or in one.
+LIVE_ITEMS_SQL = items_sql_in((ItemStatus.pending, ItemStatus.running))
 RUNNABLE_SQL = sql_in(RUNNABLE)
 UNFINISHED_SQL = sql_in(UNFINISHED)
