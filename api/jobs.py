@@ -70,7 +70,7 @@ def create() -> tuple[dict[str, object], int, dict[str, str]]:
     # the spool, in one transaction: any invalid item stores nothing.
     with spool(svc.settings) as body:
         made = svc.jobs.submit_stream(caller(), body, idempotency_key=key)
-    out = job_out(made.job, stats.empty(), svc.jobs.live())
+    out = job_out(made.job, stats.empty(), svc.jobs.waiting_for(made.job))
     if not made.replayed:
         metrics.job_submitted(out.counts.total)
     return out.model_dump(mode="json"), 201, replayed_header(made.replayed)

@@ -141,12 +141,14 @@ def test_a_configured_model_without_a_worker_waits_visibly(
 ) -> None:
     register(db, "w-base", BASE)
     job = client.post("/v1/jobs", json=mixed()).json
-    assert job["waiting_for"] == []  # known at submit only once read back
+    assert job["waiting_for"] == [OTHER]
     status = client.get(f"/v1/jobs/{job['id']}").json
     assert status["waiting_for"] == [OTHER]
     listed = client.get("/v1/jobs").json["data"][0]
     assert listed["waiting_for"] == [OTHER]
-    register(db, "w-other", OTHER)
+    # Once its items of that model are done, the job waits for it no more.
+    with db.begin() as conn:
+        conn.execute(sa.text("UPDATE items SET status = 'cancelled' WHERE model = :m"), {"m": OTHER})
     assert client.get(f"/v1/jobs/{job['id']}").json["waiting_for"] == []
 
 

@@ -31,14 +31,32 @@ from thinkbatch.models import JobStatus
 _BATCH_PREFIX = "batch_"
 
 
-def job_out(job: Job, stats: JobStats | None = None, live: dict[str, int] | None = None) -> JobOut:
-    """The job's record. `live`: the live workers by served name (fleet.live_workers), to show
-    the models its pending items wait for."""
-    waiting = (
-        [m for m in job.models or [job.model] if not live.get(m)]
-        if live is not None and job.pending > 0
-        else []
-    )
+def waiting_for(conn: sa.Connection, job: Job, live: dict[str, int]) -> list[str]:
+    """The models of the job's pending items that no live worker serves (`live`: the live
+    workers by served name, fleet.live_workers). A mixed job's model counts only while it has
+    pending items; the lookups run only for a model nobody serves."""
+    if job.pending <= 0:
+        return []
+    models = job.models or [job.model]
+    idle = [m for m in models if not live.get(m)]
+    if len(models) <= 1 or not idle:
+        return idle
+    return [
+        m
+        for m in idle
+        if conn.execute(_PENDING_OF, {"id": job.id, "m": m, "own": m == job.model}).scalar()
+    ]
+
+
+# An item of the job's own model names none (NULL).
+_PENDING_OF = sa.text(
+    "SELECT EXISTS (SELECT 1 FROM items WHERE job_id = :id AND status = 'pending' "
+    "AND (model = :m OR (:own AND model IS NULL)))"
+)
+
+
+def job_out(job: Job, stats: JobStats | None = None, waiting: list[str] | None = None) -> JobOut:
+    """The job's record; `waiting`: the models it waits for (waiting_for)."""
     return JobOut(
         id=job.id,
         status=job.status.value if isinstance(job.status, JobStatus) else job.status,
@@ -69,7 +87,7 @@ def job_out(job: Job, stats: JobStats | None = None, live: dict[str, int] | None
             else None
         ),
         stats=stats,
-        waiting_for=waiting,
+        waiting_for=waiting or [],
     )
 
 
@@ -130,9 +148,9 @@ def list_jobs(
     return found[:limit], len(found) > limit
 
 
-def job_page(jobs: list[Job], has_more: bool, live: dict[str, int] | None = None) -> JobPage:
+def job_page(jobs: list[Job], has_more: bool, waiting: list[list[str]] | None = None) -> JobPage:
     return JobPage(
-        data=[job_out(j, live=live) for j in jobs],
+        data=[job_out(j, waiting=waiting[k] if waiting else None) for k, j in enumerate(jobs)],
         has_more=has_more,
         last_id=jobs[-1].id if jobs else None,
     )

@@ -364,10 +364,11 @@ class JobService:
             assert job is not None
             return job
 
-    def live(self) -> dict[str, int]:
-        """Live workers by served name (the models a job's pending items may wait for)."""
+    def waiting_for(self, job: Job) -> list[str]:
+        """The models the job's pending items wait for (read.waiting_for)."""
         with self.engine.connect() as conn:
-            return live_workers(conn, dead_after_s=self.settings.worker_dead_after_s)
+            live = live_workers(conn, dead_after_s=self.settings.worker_dead_after_s)
+            return read.waiting_for(conn, job, live)
 
     def models_view(self) -> list[ModelLoad]:
         """Every served name with its live workers and the fleet's pending and running items
@@ -403,10 +404,10 @@ class JobService:
         """The job with its thinking statistics (stats.py)."""
         with self.sessions() as session:
             job = read.get_job(session, caller, job_id)
-            live = live_workers(
-                session.connection(), dead_after_s=self.settings.worker_dead_after_s
-            )
-            return read.job_out(job, stats.job_stats(session, job), live)
+            conn = session.connection()
+            live = live_workers(conn, dead_after_s=self.settings.worker_dead_after_s)
+            waiting = read.waiting_for(conn, job, live)
+            return read.job_out(job, stats.job_stats(session, job), waiting)
 
     def list_jobs(
         self,
@@ -425,7 +426,8 @@ class JobService:
         jobs, more = self.list_jobs(caller, after=after, limit=limit)
         with self.engine.connect() as conn:
             live = live_workers(conn, dead_after_s=self.settings.worker_dead_after_s)
-        return read.job_page(jobs, more, live)
+            waiting = [read.waiting_for(conn, job, live) for job in jobs]
+        return read.job_page(jobs, more, waiting)
 
     def items(
         self,
