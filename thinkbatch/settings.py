@@ -163,8 +163,9 @@ class Settings(BaseSettings):
     max_loras: int | None = Field(
         None,
         ge=1,
-        description="Adapters the engine holds in one batch (vLLM's max_loras). Unset: one "
-        "more than LORA_ADAPTERS has, so that every adapter and the base model run together.",
+        description="Distinct adapters the engine runs in one batch (vLLM's max_loras); base "
+        "model requests take no slot. Unset: as many as LORA_ADAPTERS has, so that all of them "
+        "run together.",
     )
     max_lora_rank: int = Field(16, ge=1, description="Largest adapter rank (vLLM's max_lora_rank).")
     served_models: list[str] = Field(
