@@ -163,9 +163,10 @@ class Settings(BaseSettings):
     max_loras: int | None = Field(
         None,
         ge=1,
-        description="Distinct adapters the engine runs in one batch (vLLM's max_loras); base "
-        "model requests take no slot. Unset: as many as LORA_ADAPTERS has, so that all of them "
-        "run together.",
+        description="Adapter slots of the engine, the distinct adapters one batch may hold (vLLM's "
+        "max_loras; a base-model request takes none). Unset: one more than LORA_ADAPTERS has. On "
+        "the CPU backend it is raised to that at least: vLLM's CPU LoRA ops give base-model rows "
+        "the last slot's adapter, so that slot must stay empty.",
     )
     max_lora_rank: int = Field(16, ge=1, description="Largest adapter rank (vLLM's max_lora_rank).")
     served_models: list[str] = Field(

@@ -72,16 +72,27 @@ AUTO_MAX_MODEL_LEN = -1
 ADAPTER_CONFIG = "adapter_config.json"
 
 
-def lora_options(settings: Settings) -> dict[str, Any]:
+def lora_options(settings: Settings, device: str = "cuda") -> dict[str, Any]:
     """The engine's LoRA arguments: none without adapters (LoRA layers cost every step)."""
     adapters = len(settings.lora_adapters)
     if not adapters:
         return {}
-    max_loras = settings.max_loras or adapters
+    # The adapters' slots in the engine, and the distinct adapters its scheduler lets into one
+    # batch (a base request takes none). One more than the adapters: vLLM 0.32's CPU LoRA ops
+    # index the slots with the row's slot number, and a base row's is -1, so in a batch that
+    # mixes base and adapter rows the base rows get the adapter in the last slot. That slot
+    # must stay empty, which it does while every adapter has a slot before it.
+    max_loras = settings.max_loras or adapters + 1
+    if device == "cpu" and max_loras <= adapters:
+        log.warning(
+            "MAX_LORAS=%d raised to %d on the CPU backend: with no empty last slot, base-model "
+            "requests batched with adapter requests would run on an adapter",
+            max_loras,
+            adapters + 1,
+        )
+        max_loras = adapters + 1
     return {
         "enable_lora": True,
-        # Adapters in one batch. vLLM 0.32's scheduler counts only adapter requests against it
-        # (a base request takes no slot), so one per adapter runs them all together.
         "max_loras": max_loras,
         "max_lora_rank": settings.max_lora_rank,
         # Adapters held loaded. vLLM's default (max_loras) evicts the least recently used one
@@ -157,7 +168,7 @@ def engine_args(settings: Settings, model: str, device: str = "cuda") -> AsyncEn
         # end in the output (or in the prompt, when the template closed an empty block with
         # thinking off), and the budget's forced </think> ends it the same way.
         options["reasoning_parser"] = settings.reasoning_parser
-    options.update(lora_options(settings))
+    options.update(lora_options(settings, device))
     options.update(settings.engine_extra_args)
     return AsyncEngineArgs(**options)
 
