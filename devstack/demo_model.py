@@ -7,6 +7,7 @@ the model, under the served name `thinkbatch-demo` that jobs ask for.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -46,3 +47,24 @@ def demo_model_env(path: Path) -> dict[str, str]:
     """The settings that serve the checkpoint at `path` as `thinkbatch-demo` (worker and API:
     the API checks the model a job names against the served name)."""
     return {f"{ENV_PREFIX}MODEL": str(path), f"{ENV_PREFIX}SERVED_MODEL_NAME": DEMO_MODEL}
+
+
+def build_demo_adapter(env: Mapping[str, str] | None = None) -> tuple[str, Path]:
+    """Build the demo model's LoRA adapter (devstack/tiny_lora.py: peft, seconds; cached, and
+    the demo model first if need be); return its served name and directory."""
+    from devstack.tiny_lora import ADAPTER_NAME
+    from devstack.tiny_lora import DEFAULT_DIR
+
+    subprocess.run(
+        [sys.executable, "-m", "devstack.tiny_lora", "--out", str(DEFAULT_DIR)],
+        cwd=ROOT,
+        env=None if env is None else dict(env),
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return ADAPTER_NAME, Path(DEFAULT_DIR).resolve()
+
+
+def demo_adapter_env(name: str, path: Path) -> dict[str, str]:
+    """The setting that serves the adapter at `path` as `name` beside the demo model."""
+    return {f"{ENV_PREFIX}LORA_ADAPTERS": json.dumps({name: str(path)})}

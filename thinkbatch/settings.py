@@ -163,8 +163,10 @@ class Settings(BaseSettings):
     max_loras: int | None = Field(
         None,
         ge=1,
-        description="Adapters the engine holds in one batch (vLLM's max_loras). Unset: one "
-        "more than LORA_ADAPTERS has, so that every adapter and the base model run together.",
+        description="Adapter slots of the engine, the distinct adapters one batch may hold (vLLM's "
+        "max_loras; a base-model request takes none). Unset: one more than LORA_ADAPTERS has. On "
+        "the CPU backend it is raised to that at least: vLLM's CPU LoRA ops give base-model rows "
+        "the last slot's adapter, so that slot must stay empty.",
     )
     max_lora_rank: int = Field(16, ge=1, description="Largest adapter rank (vLLM's max_lora_rank).")
     served_models: list[str] = Field(

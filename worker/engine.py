@@ -24,6 +24,10 @@ class EngineDead(Exception):
     """The engine cannot serve any more requests; the process must release its items and exit."""
 
 
+class AdapterError(Exception):
+    """A LoRA adapter of LORA_ADAPTERS cannot be served: the worker must not start."""
+
+
 class ItemRejected(Exception):
     """This item can never succeed on this engine (e.g. its prompt is longer than the context)."""
 
@@ -42,6 +46,9 @@ class Prepared:
     sampling: Sampling
     native: Any = None  # the engine's own request parameters, prebuilt
     answer_only: bool = False  # the output has no thinking to wait for (a raw prompt)
+    # The engine's own handle of the adapter the item runs on (vLLM: its LoRARequest); None:
+    # the base model.
+    adapter: Any = None
 
 
 @dataclass(slots=True)  # not frozen: one per item (see ledger.Claimed)

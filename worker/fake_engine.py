@@ -19,6 +19,8 @@ tool_choice `required` or a named function). `[[bad-json]]` writes a JSON-constr
 that is not JSON (a grammar cut short); `[[grammar-error]]` has the engine refuse the item's
 constraint, as xgrammar refuses a schema it cannot compile. A logit_bias outside the
 vocabulary is refused, as vLLM refuses it.
+LoRA adapters (LORA_ADAPTERS) are served by name, their directories unread: an item naming one
+gets the base's plain answer prefixed with `[name] `, so a test sees which one it ran on.
 Options come from ENGINE_EXTRA_ARGS: `step_s` (default 0.001) and `tokenize_s_per_mchar`
 (seconds of tokenizing per million characters, default 0), which makes a long prompt's
 tokenizing take time as a real tokenizer's does.
@@ -205,7 +207,10 @@ class FakeEngine:
             if "[[grammar-error]]" in text and params.structured is not None:
                 out.append(ItemRejected("grammar_error", "injected refusal of the constraint"))
                 continue
-            out.append(Prepared(prompt_ids=ids, opened_in_prompt=opened, sampling=params))
+            adapter = item.model if item.model in self.settings.lora_adapters else None
+            out.append(
+                Prepared(prompt_ids=ids, opened_in_prompt=opened, sampling=params, adapter=adapter)
+            )
         return out
 
     @staticmethod
@@ -239,7 +244,8 @@ class FakeEngine:
             return json.dumps(example(structured.schema or {"type": "object"}))
         if structured is not None and structured.kind == "choice":
             return str(structured.spec[0]) if isinstance(structured.spec, list) else ""
-        return f"Answer: {snippet[::-1]}{mark}"
+        tag = f"[{prepared.adapter}] " if prepared.adapter else ""
+        return f"{tag}Answer: {snippet[::-1]}{mark}"
 
     def _output(self, prepared: Prepared, prompt: str, index: int = 0) -> tuple[list[int], str]:
         question = prompt.rsplit("user\n", 1)[-1].split("\nassistant\n")[0]

@@ -230,9 +230,8 @@ class WorkerMetrics:
         inflight = runner.inflight
         self.window.set_function(lambda: inflight.size)
         described = runner.describe()
-        self.info.info(
-            {k: str(described[k]) for k in ("model", "engine", "max_num_seqs", "dtype", "owner")}
-        )
+        info = {k: str(described[k]) for k in ("model", "engine", "max_num_seqs", "dtype", "owner")}
+        self.info.info({**info, "adapters": ",".join(described["adapters"])})
 
 
 class CpuCollector(Collector):

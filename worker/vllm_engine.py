@@ -3,7 +3,8 @@
 vLLM's module paths and names move between releases (`reasoning_content` became `reasoning`,
 protocol modules moved), so everything thinkbatch touches is kept to a few stable entry points:
 `AsyncEngineArgs`, `AsyncLLM`, `SamplingParams`, `tokens_input` and three exception types,
-plus `ReasoningConfig` (the thinking budget) and `StatLoggerBase` (speculative decoding figures).
+plus `ReasoningConfig` (the thinking budget), `StatLoggerBase` (speculative decoding figures)
+and `LoRARequest` (adapters).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import math
 import os
 import threading
 import time
+from collections.abc import Mapping
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from vllm import SamplingParams
@@ -24,6 +27,7 @@ from vllm.envs import disable_envs_cache
 from vllm.envs import enable_envs_cache
 from vllm.exceptions import VLLMClientError
 from vllm.inputs.engine import tokens_input
+from vllm.lora.request import LoRARequest
 from vllm.sampling_params import RequestOutputKind
 from vllm.sampling_params import StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
@@ -41,6 +45,7 @@ from thinkbatch.thinking import THINK_END
 from thinkbatch.thinking import THINK_START
 from thinkbatch.thinking import prompt_opens_thinking
 from worker.affinity import keep_off_compute_cores
+from worker.engine import AdapterError
 from worker.engine import EngineDead
 from worker.engine import Generation
 from worker.engine import ItemRejected
@@ -61,6 +66,59 @@ CPU_ONLY_ENV_PREFIX = "VLLM_CPU_"
 # full context if its KV cache fits, else the longest that does. Qwen3-8B's 40,960 tokens need
 # ~5.6 GiB of KV cache for one request, more than a 24 GB card has left after the weights.
 AUTO_MAX_MODEL_LEN = -1
+
+
+# What peft writes beside the weights; vLLM reads the adapter's rank and targets from it.
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def lora_options(settings: Settings, device: str = "cuda") -> dict[str, Any]:
+    """The engine's LoRA arguments: none without adapters (LoRA layers cost every step)."""
+    adapters = len(settings.lora_adapters)
+    if not adapters:
+        return {}
+    # The adapters' slots in the engine, and the distinct adapters its scheduler lets into one
+    # batch (a base request takes none). One more than the adapters: vLLM 0.32's CPU LoRA ops
+    # index the slots with the row's slot number, and a base row's is -1, so in a batch that
+    # mixes base and adapter rows the base rows get the adapter in the last slot. That slot
+    # must stay empty, which it does while every adapter has a slot before it.
+    max_loras = settings.max_loras or adapters + 1
+    if device == "cpu" and max_loras <= adapters:
+        log.warning(
+            "MAX_LORAS=%d raised to %d on the CPU backend: with no empty last slot, base-model "
+            "requests batched with adapter requests would run on an adapter",
+            max_loras,
+            adapters + 1,
+        )
+        max_loras = adapters + 1
+    return {
+        "enable_lora": True,
+        "max_loras": max_loras,
+        "max_lora_rank": settings.max_lora_rank,
+        # Adapters held loaded. vLLM's default (max_loras) evicts the least recently used one
+        # beyond it and reloads it from its directory on its next request, and a load that
+        # fails then, inside a step, kills the engine. Holding all of them, every load happens
+        # at start (VLLMEngine._load_adapters), where a failure is the start's.
+        "max_cpu_loras": max(adapters, max_loras),
+    }
+
+
+def adapter_paths(adapters: Mapping[str, str]) -> dict[str, str]:
+    """Each adapter's directory, checked before the engine's long start: a local path must hold
+    peft's adapter_config.json. Anything else (a Hugging Face repository id) is vLLM's to
+    resolve when it loads the adapter."""
+    out: dict[str, str] = {}
+    for name, path in adapters.items():
+        local = Path(path).expanduser()
+        if local.is_absolute() or path.startswith(".") or local.exists():
+            if not (local / ADAPTER_CONFIG).is_file():
+                raise AdapterError(
+                    f"LoRA adapter {name!r}: {path} is not an adapter directory (no "
+                    f"{ADAPTER_CONFIG}: peft's save_pretrained writes one)"
+                )
+            path = str(local.resolve())
+        out[name] = path
+    return out
 
 
 def device_type() -> str:
@@ -110,6 +168,7 @@ def engine_args(settings: Settings, model: str, device: str = "cuda") -> AsyncEn
         # end in the output (or in the prompt, when the template closed an empty block with
         # thinking off), and the budget's forced </think> ends it the same way.
         options["reasoning_parser"] = settings.reasoning_parser
+    options.update(lora_options(settings, device))
     options.update(settings.engine_extra_args)
     return AsyncEngineArgs(**options)
 
@@ -272,6 +331,9 @@ class VLLMEngine:
         self._eos_ids: list[int] = []
         self._backend: Any = None
         self.budget_ok = False  # the reasoning config matched the model's think tokens
+        # Served name -> its LoRARequest, for the adapters loaded at start (ids from 1: vLLM
+        # refuses 0).
+        self._adapters: dict[str, LoRARequest] = {}
         self._spec_lock = threading.Lock()
         self._load: SchedulerLoad | None = None
         spec = settings.speculative_config or {}
@@ -288,9 +350,17 @@ class VLLMEngine:
         device = device_type()
         configure_environment(self.settings, device)
         model = self.settings.model
+        paths = adapter_paths(self.settings.lora_adapters)
         self.llm = AsyncLLM.from_engine_args(
             engine_args(self.settings, model, device), stat_loggers=self.stat_loggers()
         )
+        try:
+            await self._load_adapters(paths)
+        except BaseException:
+            # A worker that cannot serve its adapters must not start; nor leave an engine.
+            self.llm.shutdown()
+            self.llm = None
+            raise
         keep_off_compute_cores(device, self.settings.cpu_engine_core)
         self.tokenizer = self.llm.get_tokenizer()
         # The Rust tokenizer under the transformers wrapper, for the one-shot decode.
@@ -312,13 +382,38 @@ class VLLMEngine:
         self.budget_ok = self._check_reasoning_config()
         log.info(
             "vLLM engine ready: model=%s max_model_len=%d think_ids=%s thinking_budget=%s "
-            "speculative=%s",
+            "speculative=%s adapters=%s",
             model,
             self.max_model_len,
             self.think,
             "on" if self.budget_ok else "off",
             self._spec.method if self._spec else "off",
+            sorted(self._adapters) or "none",
         )
+
+    async def _load_adapters(self, paths: dict[str, str]) -> None:
+        """Load every adapter now. vLLM would load one on its first request otherwise, and a
+        request whose adapter fails to load there kills the whole engine (EngineDeadError for
+        every item in flight); add_lora fails alone, with the loader's message."""
+        assert self.llm is not None
+        for lora_id, (name, path) in enumerate(paths.items(), start=1):
+            request = LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=path)
+            try:
+                loaded = await self.llm.add_lora(request)
+            except Exception as error:  # vLLM raises a plain Exception for a failed load
+                raise AdapterError(
+                    f"LoRA adapter {name!r} ({path}) did not load: {error}"
+                ) from error
+            if not loaded:
+                raise AdapterError(f"LoRA adapter {name!r} ({path}) did not load")
+            self._adapters[name] = request
+        held = set(await self.llm.list_loras()) if paths else set()
+        missing = [r.lora_name for r in self._adapters.values() if r.lora_int_id not in held]
+        if missing:  # ENGINE_EXTRA_ARGS set max_cpu_loras below the adapters' count
+            raise AdapterError(
+                f"the engine holds {len(held)} of {len(paths)} LoRA adapters (missing "
+                f"{missing}): max_cpu_loras must be at least the number of adapters"
+            )
 
     def stat_loggers(self) -> list[Any]:
         """The engine's stat loggers: ours (the gauges, speculative decoding), and vLLM's
@@ -480,6 +575,9 @@ class VLLMEngine:
                     # the thinking in: its constraint would wait for a </think> that never
                     # comes. Unless it opened a <think> itself, its output is the answer.
                     answer_only=items[i].messages is None and not opened,
+                    # The base model's name, or any other, runs on the base: the claim only
+                    # hands this worker the names it serves.
+                    adapter=self._adapters.get(items[i].model or ""),
                 )
             )
         return out
@@ -543,6 +641,7 @@ class VLLMEngine:
                 tokens_input(prepared.prompt_ids),
                 prepared.native,
                 request_id,
+                lora_request=prepared.adapter,
                 reasoning_ended=True if prepared.answer_only else None,
             ):
                 final = output

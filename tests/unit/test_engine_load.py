@@ -29,7 +29,10 @@ class _Runner:
         self.inflight = InFlight(8, most=32)
 
     def describe(self) -> dict[str, object]:
-        return dict.fromkeys(("model", "engine", "max_num_seqs", "dtype", "owner"), "x")
+        return {
+            **dict.fromkeys(("model", "engine", "max_num_seqs", "dtype", "owner"), "x"),
+            "adapters": ["a"],
+        }
 
 
 def _gauge(name: str) -> float:

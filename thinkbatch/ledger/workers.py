@@ -4,6 +4,7 @@ must be released."""
 from __future__ import annotations
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
 
 # Every statement on the workers table is here, and all of them use the database's clock:
 # heartbeats are judged by other hosts, whose clocks may differ from the one that wrote them.
@@ -16,20 +17,25 @@ def register_worker(
     hostname: str,
     pid: int,
     model: str,
+    adapters: list[str] | None = None,
     max_model_len: int | None = None,
     token_bytes_max: int | None = None,
     message_tokens_min: int | None = None,
 ) -> None:
+    """A worker that is up: its base model, and the served names of the LoRA adapters it serves
+    beside it (`adapters`; None: it serves none)."""
     conn.execute(
         sa.text(
-            "INSERT INTO workers (id, hostname, pid, model, max_model_len, token_bytes_max, "
-            "message_tokens_min) VALUES (:id, :host, :pid, :model, :len, :bytes, :per_message)"
-        ),
+            "INSERT INTO workers (id, hostname, pid, model, adapters, max_model_len, "
+            "token_bytes_max, message_tokens_min) "
+            "VALUES (:id, :host, :pid, :model, :adapters, :len, :bytes, :per_message)"
+        ).bindparams(sa.bindparam("adapters", type_=JSONB)),
         {
             "id": worker_id,
             "host": hostname,
             "pid": pid,
             "model": model,
+            "adapters": list(adapters) if adapters else None,
             "len": max_model_len,
             "bytes": token_bytes_max,
             "per_message": message_tokens_min,

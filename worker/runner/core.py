@@ -134,6 +134,7 @@ class Runner:
         return {
             "owner": self.owner,
             "model": s.model_name,
+            "adapters": list(s.lora_adapters),
             "engine": s.engine,
             "max_num_seqs": s.max_num_seqs,
             "max_model_len": s.max_model_len,
@@ -218,6 +219,7 @@ class Runner:
                     hostname=socket.gethostname(),
                     pid=os.getpid(),
                     model=self.settings.model_name,
+                    adapters=list(self.settings.lora_adapters),
                     max_model_len=shape.max_model_len if shape else None,
                     token_bytes_max=shape.token_bytes_max if shape else None,
                     message_tokens_min=shape.message_tokens_min if shape else None,
