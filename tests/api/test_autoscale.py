@@ -47,7 +47,10 @@ def test_the_scalers_count_is_the_apis_pending_and_running(
     other = seed_job(db, settings, n=5)
     with db.begin() as conn:
         # Another model's job: it waits for other workers, and must not wake these.
-        move = sa.text("UPDATE jobs SET model = :m, models = jsonb_build_array(:m) WHERE id = :id")
+        move = sa.text(
+            "UPDATE jobs SET model = CAST(:m AS text), "
+            "models = jsonb_build_array(CAST(:m AS text)) WHERE id = :id"
+        )
         conn.execute(move, {"m": OTHER, "id": other})
     mine = [claimed, cancelled, failing]
     assert _scaler_count(db, model) == _api_count(client, mine) == 14  # a job arrived: wake

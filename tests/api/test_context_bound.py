@@ -34,7 +34,10 @@ def test_the_floor_of_a_prompt_and_of_messages() -> None:
         Message(role="user", content="x" * 8),
         Message(role="assistant", content="x" * 400),  # a template may drop parts of it
     ]
-    assert BOUND.floor(ItemIn(messages=messages)) == 4 + 3 * 3
+    # Each content's 2 tokens, less the two it may share with the template around it.
+    assert BOUND.floor(ItemIn(messages=messages)) == 0 + 0 + 3 * 3
+    long = [Message(role="user", content="x" * 40)]
+    assert BOUND.floor(ItemIn(messages=long)) == 10 - 2 + 3
     assert BOUND.refusal(ItemIn(prompt="x" * 252)) is None  # 63 < 64
     assert BOUND.refusal(ItemIn(prompt="x" * 253)) == (
         "at least 64 prompt tokens, and the model's context is 64 tokens"

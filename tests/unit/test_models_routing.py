@@ -148,7 +148,9 @@ def test_a_configured_model_without_a_worker_waits_visibly(
     assert listed["waiting_for"] == [OTHER]
     # Once its items of that model are done, the job waits for it no more.
     with db.begin() as conn:
-        conn.execute(sa.text("UPDATE items SET status = 'cancelled' WHERE model = :m"), {"m": OTHER})
+        conn.execute(
+            sa.text("UPDATE items SET status = 'cancelled' WHERE model = :m"), {"m": OTHER}
+        )
     assert client.get(f"/v1/jobs/{job['id']}").json["waiting_for"] == []
 
 

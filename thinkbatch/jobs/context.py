@@ -5,10 +5,11 @@ would cost it the tokenizing of megabytes, then fail. The API has no tokenizer, 
 the count from below with what each live worker of the model recorded (thinkbatch.models.Worker,
 measured by its engine at start):
 
-    tokens >= ceil(content bytes / token_bytes_max) + messages * message_tokens_min
+    tokens >= sum(ceil(content bytes / token_bytes_max) - 2) + messages * message_tokens_min
 
-A token stands for at most `token_bytes_max` bytes of text, and the chat template adds at least
-`message_tokens_min` tokens per message. Only text the prompt is sure to carry whole counts: a
+A token stands for at most `token_bytes_max` bytes of text, the chat template adds at least
+`message_tokens_min` tokens per message, and a content shares at most its first and last token
+with the template's text around it. Only text the prompt is sure to carry whole counts: a
 raw prompt, and the contents of system, user and tool messages (a template may drop parts of
 earlier assistant turns, as Qwen3's does with their thinking). When that floor reaches the
 largest context of the live workers, no worker could run the item: it is refused as
@@ -39,10 +40,15 @@ class ContextBound:
         if item.prompt is not None:
             return -(-len(item.prompt.encode("utf-8")) // self.token_bytes_max)
         messages = item.messages or ()
-        size = sum(
-            len((m.content or "").encode("utf-8")) for m in messages if m.role in _VERBATIM_ROLES
+        # A content's first and last bytes may merge into one token with the template's text
+        # beside them (a content "\n" after the template's "\n"): each content is sure of its
+        # own tokens but those two.
+        content = sum(
+            max(0, -(-len((m.content or "").encode("utf-8")) // self.token_bytes_max) - 2)
+            for m in messages
+            if m.role in _VERBATIM_ROLES
         )
-        return -(-size // self.token_bytes_max) + len(messages) * self.message_tokens_min
+        return content + len(messages) * self.message_tokens_min
 
     def refusal(self, item: ItemIn) -> str | None:
         """Why the item cannot fit, or None when it may."""
