@@ -3,8 +3,9 @@
 Starts PostgreSQL and Redis (or uses THINKBATCH_DATABASE_URL / THINKBATCH_REDIS_URL), migrates,
 builds the tiny demo model unless THINKBATCH_MODEL names another (all through devstack's
 local_stack), starts the API, one worker and Flower, submits a batch built from the seed
-articles' prompts, shows its progress, prints every item, and says where the API and Flower
-listen.
+articles' prompts, some of them also on a LoRA adapter of the demo model (two models, one
+worker), shows its progress, prints every item with the model it ran on, and says where the
+API and Flower listen.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 import httpx
 from rich.console import Console
@@ -26,6 +28,9 @@ from demo.credentials import demo_api_key
 from demo.credentials import flower_basic_auth
 from devstack import LocalStack
 from devstack import local_stack
+from devstack.demo_model import build_demo_adapter
+from devstack.demo_model import demo_adapter_env
+from devstack.demo_model import wants_demo_model
 from devstack.services import free_port
 from devstack.stack import readiness_wait
 from devstack.tiny_prompts import DEMO_ITEMS
@@ -70,15 +75,35 @@ def main(argv: list[str] | None = None) -> int:
         return run(local, serve)
 
 
+def mixed_items(adapter: str | None) -> list[dict[str, Any]]:
+    """The demo's items, and (with an adapter) the first three again on the adapter: the same
+    questions, answered by the fine-tune."""
+    if adapter is None:
+        return DEMO_ITEMS
+    again = [
+        {**item, "custom_id": f"{item['custom_id']}@{adapter}", "model": adapter}
+        for item in DEMO_ITEMS[:3]
+    ]
+    return [*DEMO_ITEMS, *again]
+
+
 def run(local: LocalStack, serve: bool) -> int:
     stack, settings = local.stack, local.settings
     api_key = demo_api_key(local.database_url)
     flower_auth = flower_basic_auth(settings.data_dir.absolute())
     api = stack.start_api(port=port_or_free(8000))
     flower = stack.start_flower(flower_auth, port=port_or_free(5555))
+    # Two models on one worker: the demo checkpoint and a LoRA adapter of it (peft, built once
+    # and cached), which the mixed batch below names item by item.
+    adapter_env: dict[str, str] = {}
+    adapter = None
+    if wants_demo_model(settings):
+        with console.status("building the demo's LoRA adapter (once; cached)…"):
+            adapter, path = build_demo_adapter(local.env)
+        adapter_env = demo_adapter_env(adapter, path)
     with console.status("starting the worker (loading the model into vLLM)…") as status:
         started = time.monotonic()
-        worker = stack.start_worker("worker", wait=False)
+        worker = stack.start_worker("worker", env=adapter_env, wait=False)
         stack.wait_worker_ready(
             worker,
             **readiness_wait(settings),
@@ -94,7 +119,7 @@ def run(local: LocalStack, serve: bool) -> int:
             "/v1/jobs",
             json={
                 "params": {"max_tokens": 256},
-                "items": DEMO_ITEMS,
+                "items": mixed_items(adapter),
                 "metadata": {"source": "make demo"},
             },
         )
@@ -121,12 +146,13 @@ def run(local: LocalStack, serve: bool) -> int:
 
     items = client.get(f"/v1/jobs/{job['id']}/items", params={"limit": 1000}).json()["data"]
     table = Table(title=f"job {job['id']}: {job['status']}", show_lines=True)
-    for column in ("custom_id", "status", "thinking", "answer", "tokens p/c/r"):
+    for column in ("custom_id", "model", "status", "thinking", "answer", "tokens p/c/r"):
         table.add_column(column, overflow="fold")
     for item in items:
         usage = item["usage"] or {}
         table.add_row(
             item["custom_id"],
+            item["model"],
             item["status"],
             shorten(item["thinking"], 40),
             shorten(item["answer"] or (item["error"] or {}).get("message"), 60),
