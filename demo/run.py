@@ -28,9 +28,9 @@ from demo.credentials import demo_api_key
 from demo.credentials import flower_basic_auth
 from devstack import LocalStack
 from devstack import local_stack
+from devstack.demo_model import DEMO_MODEL
 from devstack.demo_model import build_demo_adapter
 from devstack.demo_model import demo_adapter_env
-from devstack.demo_model import wants_demo_model
 from devstack.services import free_port
 from devstack.stack import readiness_wait
 from devstack.tiny_prompts import DEMO_ITEMS
@@ -97,7 +97,7 @@ def run(local: LocalStack, serve: bool) -> int:
     # and cached), which the mixed batch below names item by item.
     adapter_env: dict[str, str] = {}
     adapter = None
-    if wants_demo_model(settings):
+    if settings.model_name == DEMO_MODEL:  # the demo checkpoint, not a model of the user's
         with console.status("building the demo's LoRA adapter (once; cached)…"):
             adapter, path = build_demo_adapter(local.env)
         adapter_env = demo_adapter_env(adapter, path)
