@@ -149,33 +149,26 @@ class ModelFilter:
 
 def has_pending(conn: sa.Connection, job_id: uuid.UUID, models: ModelFilter | None = None) -> bool:
     """Whether the job has pending items (suspects too) of the models in `models`."""
+    return _pending_exists(conn, job_id, models, "")
+
+
+def has_suspects(conn: sa.Connection, job_id: uuid.UUID, models: ModelFilter | None = None) -> bool:
+    """Whether the job has pending crash suspects of the models in `models`."""
+    return _pending_exists(conn, job_id, models, " AND crashes > 0")
+
+
+def _pending_exists(
+    conn: sa.Connection, job_id: uuid.UUID, models: ModelFilter | None, condition: str
+) -> bool:
     kind = "all" if models is None else models.kind
     params: dict[str, Any] = {"id": job_id}
-    if kind != "all":
-        assert models is not None
+    if models is not None and kind != "all":
         params["models"] = list(models.names)
     return bool(
         conn.execute(
             sa.text(
                 "SELECT EXISTS (SELECT 1 FROM items WHERE job_id = :id AND status = 'pending'"  # noqa: S608 - constants of this module
-                f"{_BY_MODEL[kind]})"
-            ),
-            params,
-        ).scalar()
-    )
-
-
-def has_suspects(conn: sa.Connection, job_id: uuid.UUID, models: ModelFilter | None = None) -> bool:
-    kind = "all" if models is None else models.kind
-    params: dict[str, Any] = {"id": job_id}
-    if kind != "all":
-        assert models is not None
-        params["models"] = list(models.names)
-    return bool(
-        conn.execute(
-            sa.text(
-                "SELECT EXISTS (SELECT 1 FROM items WHERE job_id = :id AND status = 'pending' "  # noqa: S608 - constants of this module
-                f"AND crashes > 0{_BY_MODEL[kind]})"
+                f"{condition}{_BY_MODEL[kind]})"
             ),
             params,
         ).scalar()
