@@ -332,3 +332,15 @@ def test_a_tenant_flooding_one_model_starves_no_one_on_either_model(harness: Har
             )
         ).scalar_one()
     assert wrong == 0
+
+
+def test_a_waiting_job_still_expires(db: sa.Engine, settings: Settings) -> None:
+    job_id = submit_job(db, settings, {"model": OTHER, "completion_window": 1,
+                                       "items": [{"prompt": "x"}]})  # fmt: skip
+    with db.begin() as conn:  # its window has passed while no worker of its model lived
+        conn.execute(
+            sa.text("UPDATE jobs SET expires_at = now() - interval '1 s' WHERE id = :id"),
+            {"id": job_id},
+        )
+    sweep(db, settings, publish=lambda j: True)
+    assert wait_status(db, job_id, {"expired"}).expired == 1
