@@ -140,7 +140,11 @@ class Settings(BaseSettings):
     data_dir: Path = Field(
         Path(".thinkbatch"), description="Where the launcher keeps embedded services and logs."
     )
-    queue_name: str = Field("thinkbatch", description="Celery queue the workers consume.")
+    queue_name: str = Field(
+        "thinkbatch",
+        description="Prefix of the Celery queues: one per served name, `<QUEUE_NAME>.<name>`, "
+        "consumed by the workers that serve it.",
+    )
 
     # --- model and engine -----------------------------------------------------------------
     model: str = Field(

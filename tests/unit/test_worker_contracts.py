@@ -1,6 +1,7 @@
-"""Worker behaviours that had no test of their own: a job for a model this worker does not
-serve fails as `model_not_served`, retry_transient survives a connection Postgres really
-dropped, and the shutdown watchdog ends a worker whose shutdown hangs."""
+"""Worker behaviours that had no test of their own: a hint for a job of a model this worker
+does not serve claims nothing and leaves the job waiting for its own workers, retry_transient
+survives a connection Postgres really dropped, and the shutdown watchdog ends a worker whose
+shutdown hangs."""
 
 from __future__ import annotations
 
