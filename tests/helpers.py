@@ -210,7 +210,7 @@ def check_invariants(db: sa.Engine, job_id: uuid.UUID, *, finished: bool = True)
             ),
             {"id": job_id},
         ).scalar()
-    # The triggers keep the finished statuses and `unfinished`; pending and running are split
+    # The ledger keeps the finished statuses and `unfinished`; pending and running are split
     # from it by counting running items (JOB_ROW, as Job.running does).
     counts = {s: getattr(job, s) for s in ("succeeded", "failed", "cancelled", "expired")}
     assert counts == {s: by_status.get(s, 0) for s in counts}, (counts, by_status)

@@ -2,9 +2,9 @@
 
 Postgres is the system of record. An item is claimed with a lease and an attempt counter; its
 result is a row whose primary key is the item id, so an item can never hold two results.
-A job's per-status counts and token usage are kept by statement-level triggers (see the first
-migration and 0004), so a status call reads one row however large the job is, and the job's
-running items by an index.
+A job's per-status counts and token usage are kept on its row (a submission's insert trigger
+counts its items; the ledger's statements that end items add the rest: ledger/counts.py), so a
+status call reads one row however large the job is, and the job's running items by an index.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class Job(Base):
     error_code: orm.Mapped[str | None] = orm.mapped_column(sa.String(64))
     error_message: orm.Mapped[str | None] = orm.mapped_column(sa.Text)
 
-    # Maintained by triggers on items and item_results; never written by application code.
+    # Kept by the insert trigger on items and by the ledger (ledger/counts.py) alone.
     total: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
     # Pending and running together: a claim moves items between the two and so leaves the job
     # row alone, and does not wait for a store of the same job to commit (migration 0004).
@@ -269,12 +269,11 @@ class Item(Base):
 class ItemResult(Base):
     __tablename__ = "item_results"
 
-    item_id: orm.Mapped[int] = orm.mapped_column(
-        sa.BigInteger, sa.ForeignKey("items.id", ondelete="CASCADE"), primary_key=True
-    )
-    job_id: orm.Mapped[uuid.UUID] = orm.mapped_column(
-        sa.ForeignKey("jobs.id", ondelete="CASCADE"), index=True
-    )
+    # No foreign keys: only the store's statement writes a result, joined to the item row it
+    # has just updated (the keys' per-row checks were a quarter of a store; migration 0008).
+    # A deleted item's result goes with it (the trigger tb_items_delete_results).
+    item_id: orm.Mapped[int] = orm.mapped_column(sa.BigInteger, primary_key=True)
+    job_id: orm.Mapped[uuid.UUID] = orm.mapped_column(index=True)
     attempt: orm.Mapped[int]
     thinking: orm.Mapped[str] = orm.mapped_column(sa.Text)
     answer: orm.Mapped[str] = orm.mapped_column(sa.Text)

@@ -9,6 +9,7 @@ from alembic.migration import MigrationContext
 from tests.helpers import Servers
 from tests.helpers import database_name
 from tests.helpers import recreate_database
+from thinkbatch import ledger
 from thinkbatch.db import migrate
 from thinkbatch.models import Base
 
@@ -24,11 +25,113 @@ def test_upgrade_head_on_empty_database_matches_models(servers: Servers) -> None
         )
     engine.dispose()
     assert diff == []
-    assert {
+    # The ledger keeps a job's counts as items end (ledger/counts.py): no trigger on an update.
+    assert triggers == {
         "tb_items_counts_insert",
-        "tb_items_counts_update",
-        "tb_results_usage_insert",
-    } <= triggers
+        "tb_items_counts_delete",
+        "tb_items_delete_results",
+    }
+
+
+def _counts(conn: sa.Connection, job_id: object) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the job row's counts and usage, the same recounted from its items and results)."""
+    kept = conn.execute(
+        sa.text(
+            "SELECT total, unfinished, succeeded, failed, cancelled, prompt_tokens,"
+            " completion_tokens FROM jobs WHERE id = :id"
+        ),
+        {"id": job_id},
+    ).one()
+    recounted = conn.execute(
+        sa.text(
+            "SELECT count(*), count(*) FILTER (WHERE status IN ('pending', 'running')),"
+            " count(*) FILTER (WHERE status = 'succeeded'),"
+            " count(*) FILTER (WHERE status = 'failed'),"
+            " count(*) FILTER (WHERE status = 'cancelled'),"
+            " (SELECT coalesce(sum(prompt_tokens), 0) FROM item_results WHERE job_id = :id),"
+            " (SELECT coalesce(sum(completion_tokens), 0) FROM item_results WHERE job_id = :id)"
+            " FROM items WHERE job_id = :id"
+        ),
+        {"id": job_id},
+    ).one()
+    return tuple(kept), tuple(recounted)
+
+
+def test_counts_by_the_ledger_on_a_populated_database(servers: Servers) -> None:
+    """0008 moves a job's counts from the update triggers to the ledger: a job stored and half
+    run before it keeps its counts through the upgrade, the ledger then counts on from them
+    exactly once (no trigger left to count twice), and a deleted job takes its results along
+    without the foreign keys; down again, the triggers count once more."""
+    url = recreate_database(servers.postgres_admin_url, database_name("migrations"))
+    migrate(url, "0007")
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        job_id = conn.execute(
+            sa.text(
+                "INSERT INTO jobs (id, tenant, status, model, params, priority, created_at,"
+                " expires_at) VALUES (gen_random_uuid(), 't', 'running', 'm', '{}', 0, now(),"
+                " now() + interval '1 day') RETURNING id"
+            )
+        ).scalar_one()
+        conn.execute(
+            sa.text(
+                "INSERT INTO items (job_id, seq, custom_id, prompt, status)"
+                " SELECT :j, k, 'c' || k, 'p', 'pending' FROM generate_series(0, 5) AS k"
+            ),
+            {"j": job_id},
+        )
+        # Under 0007's triggers: one item succeeded with its result, one failed, two running.
+        conn.execute(
+            sa.text(
+                "UPDATE items SET status = CASE seq WHEN 0 THEN 'succeeded' WHEN 1 THEN 'failed'"
+                " ELSE 'running' END, attempts = 1, lease_owner = 'w1',"
+                " lease_expires_at = now() + interval '1 hour' WHERE job_id = :j AND seq < 4"
+            ),
+            {"j": job_id},
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO item_results (item_id, job_id, attempt, thinking, answer,"
+                " finish_reason, thinking_truncated, prompt_tokens, completion_tokens,"
+                " reasoning_tokens, worker_id)"
+                " SELECT id, job_id, 1, '', 'a', 'stop', false, 7, 3, 0, 'w1' FROM items"
+                " WHERE job_id = :j AND seq = 0"
+            ),
+            {"j": job_id},
+        )
+        before = _counts(conn, job_id)
+    assert before[0] == before[1] == (6, 4, 1, 1, 0, 7, 3)
+
+    migrate(url)
+    with engine.begin() as conn:
+        assert _counts(conn, job_id) == before
+        running = conn.execute(
+            sa.text("SELECT id, attempts FROM items WHERE job_id = :j AND status = 'running'"),
+            {"j": job_id},
+        ).all()
+        done = [
+            ledger.Done(row.id, job_id, row.attempts, "", "a", "stop", False, 5, 2, 1)
+            for row in running
+        ]
+        assert len(ledger.complete(conn, "w1", done)) == 2
+        ledger.cancel_job(conn, job_id)
+        kept, recounted = _counts(conn, job_id)
+    assert kept == recounted == (6, 0, 3, 1, 2, 17, 7)
+
+    migrate(url, "0007", down=True)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE items SET status = 'pending' WHERE job_id = :j AND seq = 5"),
+            {"j": job_id},
+        )
+        kept, recounted = _counts(conn, job_id)
+        assert kept == recounted  # the update trigger is back and counted the move
+    migrate(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM jobs WHERE id = :j"), {"j": job_id})
+        left = conn.execute(sa.text("SELECT count(*) FROM item_results")).scalar_one()
+    engine.dispose()
+    assert left == 0
 
 
 def test_downgrade_to_base_and_back(servers: Servers) -> None:

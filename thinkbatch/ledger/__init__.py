@@ -5,20 +5,21 @@ the API all write through here.
 Two rules keep this correct under concurrency:
 
 * A transaction that changes items first locks their job rows, in id order (`lock_jobs`), in
-  one of three strengths (`Lock`). The count triggers update those rows anyway; taking the locks
-  up front, in one order, means two transactions can never deadlock over them. A claim takes the
-  weakest, which a store's update of the same job's counts does not wait for (nor it for the
-  store: a claim changes no count, migration 0004); a change of the job's status takes the
-  strongest, so a cancel cannot interleave with a claim.
+  one of three strengths (`Lock`); taking the locks up front, in one order, means two
+  transactions can never deadlock over them. Claims and a worker's writes take the weakest,
+  which none of them waits for; a change of the job's status takes the strongest, so a cancel
+  cannot interleave with them. A write that ends items then adds to their jobs' counts
+  (`counts`), which takes the rows in id order again, at the middle strength, as its last step:
+  the stores of a job's workers queue on its row only from there to their commits.
 * A write from a worker is fenced: it applies only while the item is still `running` under the
   same `lease_owner` and `attempts` that the claim handed out. A late, duplicate or superseded
   delivery therefore changes nothing, and an item holds at most one result (primary key).
 
 The parts, each importing only those above it: `statuses` and `rows` (the shared constants and
-row types), `locks` (the first rule), `claims`, `jobs` (job status changes), `items` (the fenced
-writes of the second rule, and the releases), `hints` and `workers`; and the writes that are not
-item state changes: `submits` (a submission's job row and items), `files` (the OpenAI Files
-API's rows and bytes) and `keys` (API keys).
+row types), `locks` (the first rule), `counts` (a job's counts), `claims`, `jobs` (job status
+changes), `items` (the fenced writes of the second rule, and the releases), `hints` and
+`workers`; and the writes that are not item state changes: `submits` (a submission's job row
+and items), `files` (the OpenAI Files API's rows and bytes) and `keys` (API keys).
 """
 
 from thinkbatch.ledger.claims import ModelFilter

@@ -100,7 +100,7 @@ def claim(
     of every model, or only of those `models` lets through."""
     # Suspects are claimed one group at a time (the halving in _CLAIM_SUSPECTS counts what
     # the others took): their claims exclude each other, as stores of the job do.
-    state = lock_jobs(conn, [job_id], Lock.items if suspects else Lock.claim).get(job_id)
+    state = lock_jobs(conn, [job_id], Lock.items if suspects else Lock.work).get(job_id)
     if state is None or state.status not in RUNNABLE or state.expired:
         return []
     if n <= 0 and not suspects:

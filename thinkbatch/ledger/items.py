@@ -12,7 +12,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from thinkbatch.ledger import counts
 from thinkbatch.ledger.jobs import _end_unclaimable
+from thinkbatch.ledger.locks import Lock
 from thinkbatch.ledger.locks import lock_jobs
 from thinkbatch.ledger.rows import Done
 from thinkbatch.ledger.rows import Failed
@@ -98,11 +100,18 @@ def complete(conn: sa.Connection, owner: str, done: Sequence[Done]) -> set[int]:
     """Store results whose lease still stands; returns the ids that were stored."""
     if not done:
         return set()
-    # Built before the jobs are locked: a claim of the same job waits for that lock.
     batch = results_json(done)
-    lock_jobs(conn, (d.job_id for d in done))
-    rows = conn.execute(_COMPLETE, {"owner": owner, "rows": batch})
-    return {row.item_id for row in rows}
+    # The share lock keeps a cancel or an expiry out until the commit, and lets the other
+    # workers of the same jobs store theirs meanwhile: their rows are written once, last.
+    lock_jobs(conn, (d.job_id for d in done), Lock.work)
+    stored = {row.item_id for row in conn.execute(_COMPLETE, {"owner": owner, "rows": batch})}
+    moved = counts.Counts()
+    for d in done:
+        if d.item_id in stored:
+            moved.ended(d.job_id, "succeeded")
+            moved.tokens(d.job_id, d.prompt_tokens, d.completion_tokens, d.reasoning_tokens)
+    counts.add(conn, moved)
+    return stored
 
 
 # A retry goes back to pending only while its job is runnable: nobody claims for a cancelling
@@ -122,7 +131,7 @@ _FAIL = sa.text(
                 CAST(:messages AS text[]), CAST(:retryable AS bool[]))
          AS v(item_id, attempt, code, message, retryable), jobs AS j
     WHERE i.id = v.item_id AND {_FENCE} AND j.id = i.job_id
-    RETURNING i.id, i.status
+    RETURNING i.id, i.job_id, i.status
     """  # noqa: S608 - RUNNABLE_SQL is made of enum constants
 )
 
@@ -133,7 +142,7 @@ def fail(
     """Record failures: retryable ones go back to pending until the attempt cap."""
     if not failed:
         return {}
-    lock_jobs(conn, (f.job_id for f in failed))
+    lock_jobs(conn, (f.job_id for f in failed), Lock.work)  # as in `complete`
     rows = conn.execute(
         _FAIL,
         {
@@ -145,7 +154,8 @@ def fail(
             "messages": [f.message[:4000] for f in failed],
             "retryable": [f.retryable for f in failed],
         },
-    )
+    ).all()
+    counts.add_ended(conn, ((row.job_id, row.status) for row in rows))
     return {row.id: row.status for row in rows}
 
 
@@ -157,15 +167,17 @@ def _update_held(
     params: dict[str, Any],
 ) -> int:
     """Lock the items' jobs, then apply `assignments` (an SQL SET list) to each (item id, job
-    id, attempt) that `owner` still holds under that attempt (the fence)."""
-    lock_jobs(conn, (job_id for _, job_id, _ in items))
-    result = conn.execute(
+    id, attempt) that `owner` still holds under that attempt (the fence), and count the items
+    that ended."""
+    lock_jobs(conn, (job_id for _, job_id, _ in items), Lock.work)  # as in `complete`
+    rows = conn.execute(
         sa.text(
             f"""
             UPDATE items AS i SET {assignments}
             FROM unnest(CAST(:item_ids AS bigint[]), CAST(:attempts AS int[]))
                  AS v(item_id, attempt)
             WHERE i.id = v.item_id AND {_FENCE}
+            RETURNING i.job_id, i.status
             """  # noqa: S608 - the assignments are constants of this module, _FENCE too
         ),
         {
@@ -174,8 +186,9 @@ def _update_held(
             "item_ids": [i for i, _, _ in items],
             "attempts": [a for _, _, a in items],
         },
-    )
-    return result.rowcount
+    ).all()
+    counts.add_ended(conn, ((row.job_id, row.status) for row in rows))
+    return len(rows)
 
 
 def end_items(
@@ -241,6 +254,7 @@ _RELEASE_CRASHED = sa.text(
         lease_owner = NULL, lease_expires_at = NULL,
         error_code = :code, error_message = :message
     WHERE i.status = 'running' AND i.lease_owner = :owner
+    RETURNING i.job_id, i.status
     """
 )
 
@@ -262,7 +276,7 @@ def release_crashed(
         sa.text("SELECT count(*) FROM items WHERE status = 'running' AND lease_owner = :o"),
         {"o": owner},
     ).scalar_one()
-    result = conn.execute(
+    rows = conn.execute(
         _RELEASE_CRASHED,
         {
             "owner": owner,
@@ -271,10 +285,11 @@ def release_crashed(
             "code": code,
             "message": message,
         },
-    )
+    ).all()
+    counts.add_ended(conn, ((row.job_id, row.status) for row in rows))
     _end_unclaimable(conn, job_ids)
     _hint_again(conn, job_ids)
-    return result.rowcount
+    return len(rows)
 
 
 def release_lapsed(conn: sa.Connection, owner: str) -> int:

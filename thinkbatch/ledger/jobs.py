@@ -12,6 +12,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from thinkbatch.ledger import counts
 from thinkbatch.ledger.locks import Lock
 from thinkbatch.ledger.locks import lock_jobs
 from thinkbatch.ledger.statuses import RUNNABLE
@@ -75,6 +76,7 @@ _END_UNCLAIMABLE = sa.text(
     FROM jobs AS j
     WHERE j.id = i.job_id AND j.id = ANY(:ids) AND j.status = 'cancelling'
       AND i.status = 'pending'
+    RETURNING i.job_id, i.status
     """
 )
 
@@ -82,7 +84,7 @@ _END_UNCLAIMABLE = sa.text(
 def _end_unclaimable(conn: sa.Connection, job_ids: Iterable[uuid.UUID]) -> None:
     ids = sorted(set(job_ids))
     if ids:
-        conn.execute(_END_UNCLAIMABLE, {"ids": ids})
+        counts.add_ended(conn, conn.execute(_END_UNCLAIMABLE, {"ids": ids}))
         finalize_jobs(conn, ids)
 
 
@@ -92,16 +94,17 @@ def expire_job(conn: sa.Connection, job_id: uuid.UUID) -> int:
     state = lock_jobs(conn, [job_id], Lock.status).get(job_id)
     if state is None or state.status not in RUNNABLE or not state.expired:
         return 0
-    result = conn.execute(
+    rows = conn.execute(
         sa.text(
             "UPDATE items SET status = 'expired', finished_at = now(), error_code = 'expired', "
             "error_message = 'the job passed its completion window' "
-            "WHERE job_id = :id AND status = 'pending'"
+            "WHERE job_id = :id AND status = 'pending' RETURNING job_id, status"
         ),
         {"id": job_id},
-    )
+    ).all()
+    counts.add_ended(conn, rows)
     finalize_jobs(conn, [job_id])
-    return result.rowcount
+    return len(rows)
 
 
 def fail_job(conn: sa.Connection, job_id: uuid.UUID, *, code: str, message: str) -> bool:
@@ -109,13 +112,15 @@ def fail_job(conn: sa.Connection, job_id: uuid.UUID, *, code: str, message: str)
     state = lock_jobs(conn, [job_id], Lock.status).get(job_id)
     if state is None or state.status not in RUNNABLE:
         return False
-    conn.execute(
+    rows = conn.execute(
         sa.text(
             "UPDATE items SET status = 'failed', finished_at = now(), error_code = :code, "
-            "error_message = :message WHERE job_id = :id AND status = 'pending'"
+            "error_message = :message WHERE job_id = :id AND status = 'pending' "
+            "RETURNING job_id, status"
         ),
         {"id": job_id, "code": code, "message": message},
-    )
+    ).all()
+    counts.add_ended(conn, rows)
     conn.execute(
         sa.text(
             "UPDATE jobs SET status = 'failed', finished_at = now(), error_code = :code, "

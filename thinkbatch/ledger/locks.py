@@ -16,12 +16,13 @@ from thinkbatch.ledger.rows import Locked
 class Lock(enum.Enum):
     """How strongly a transaction locks its jobs' rows (Postgres row-level lock modes).
 
-    `claim` conflicts only with `status`; `items` with `items` and `status`; `status` with all.
+    `work` conflicts only with `status`; `items` with `items` and `status`; `status` with all.
     """
 
-    # Moves items between pending and running, which changes no count of the job.
-    claim = "KEY SHARE"
-    # Changes items' counts (the triggers update the job row, which takes this lock anyway).
+    # A claim, or a worker's write to the items it holds: any number of them at once, and no
+    # change of the job's status in between.
+    work = "KEY SHARE"
+    # Changes the job's counts (ledger/counts.py writes the row, which takes this lock anyway).
     items = "NO KEY UPDATE"
     # Changes the job's status in a way a claim must not overlap: cancel, expire, fail.
     status = "UPDATE"
