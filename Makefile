@@ -3,7 +3,7 @@ PY := .venv/bin/python
 # The interpreter that builds .venv (>= 3.11 with venv; install.py says how to get one).
 PYTHON ?= python3
 
-.PHONY: install lock demo test check chaos hosts bench bench-models bench-scale gpu-check gpu-check-compose lint clean
+.PHONY: install lock demo test check chaos hosts bench bench-models bench-fleet bench-scale gpu-check gpu-check-compose lint clean
 
 install:
 	@$(PYTHON) scripts/install.py
@@ -38,6 +38,9 @@ bench: install       ## raw engine vs the job system at 64 and 16 tokens, the fa
 
 bench-models: install ## two models, a worker each, routed out of one job vs one model alone (ARGS=--rounds N, --items N)
 	$(PY) -m bench.models $(ARGS)
+
+bench-fleet: install  ## 8 workers on one 50,000-item job vs one worker alone: scaling, Postgres lock waits and CPU per item (ARGS=--rounds N, --items N, --workers N)
+	$(PY) -m bench.fleet $(ARGS)
 
 bench-scale: install ## a 100,000-item job: submit, status, results
 	$(PY) -m bench.scale $(ARGS)

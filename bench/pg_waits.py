@@ -20,7 +20,8 @@ INTERVAL_S = 0.005
 
 _ACTIVITY = sa.text(
     """
-    SELECT wait_event_type, wait_event, left(regexp_replace(query, '\\s+', ' ', 'g'), 60)
+    SELECT wait_event_type, wait_event, left(regexp_replace(query, '\\s+', ' ', 'g'), 60),
+           CASE WHEN length(query) > 100 THEN right(regexp_replace(query, '\\s+', ' ', 'g'), 40) END
     FROM pg_stat_activity
     WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'active'
     """
@@ -42,6 +43,10 @@ class Waits:
     samples: int = 0  # samples with at least one backend running a statement
     kinds: Counter[str] = field(default_factory=Counter)  # samples with a backend in that state
     locked: Counter[str] = field(default_factory=Counter)  # the statements that waited on locks
+    lock_samples: int = 0  # samples with at least one backend waiting on a lock
+    # Backend-samples waiting on a lock, by the lock's kind and the statement (its first 60
+    # characters and, of a long one, its last 40: where a FOR ... clause is).
+    lock_waits: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     def share(self, what: str) -> float:
         return self.kinds[what] / self.samples if self.samples else 0.0
@@ -61,6 +66,7 @@ class PgWaits:
         self.waits = Waits()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pg-waits", daemon=True)
+        self.backend_pid: int | None = None  # the sampler's own backend, once connected
 
     def __enter__(self) -> Waits:
         self._thread.start()
@@ -74,13 +80,18 @@ class PgWaits:
     def _run(self) -> None:
         with self.engine.connect() as conn:
             conn.execution_options(isolation_level="AUTOCOMMIT")
+            self.backend_pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
             while not self._stop.wait(INTERVAL_S):
                 rows = conn.execute(_ACTIVITY).all()
                 if not rows:
                     continue
                 self.waits.samples += 1
-                for k in {kind(t, w) for t, w, _q in rows}:
+                for k in {kind(t, w) for t, w, _q, _e in rows}:
                     self.waits.kinds[k] += 1
-                for t, _, query in rows:
+                if any(t == "Lock" for t, _w, _q, _e in rows):
+                    self.waits.lock_samples += 1
+                for t, w, query, end in rows:
                     if t == "Lock":
                         self.waits.locked[query.strip()[:40]] += 1
+                        text = query.strip() + (f" ... {end.strip()}" if end else "")
+                        self.waits.lock_waits[w, text] += 1
