@@ -435,8 +435,11 @@ class Settings(BaseSettings):
         description="Seconds of the engine's output the window holds, within INFLIGHT_FACTOR "
         "and INFLIGHT_MAX_FACTOR (0: a fixed INFLIGHT_FACTOR window).",
     )
+    # A fleet's idle workers join a new job through these messages at once; past them, they
+    # adopt it on their next heartbeat, seconds later (make bench-fleet: 8 workers on one job).
+    # A worker already driving the job drops an extra message at once.
     job_fanout: int = Field(
-        4, ge=1, description="Most task messages for one job, so that several workers share it."
+        16, ge=1, description="Most task messages for one job, so that several workers share it."
     )
     fanout_items: int = Field(
         256, ge=1, description="A new job gets a task message per this many items (to JOB_FANOUT)."

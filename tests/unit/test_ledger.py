@@ -318,6 +318,57 @@ def test_hints_are_stamped_with_the_database_clock(db: sa.Engine, settings: Sett
     assert same
 
 
+def test_a_heartbeat_skips_a_job_row_a_store_holds(db: sa.Engine, settings: Settings) -> None:
+    """A task's heartbeat on a job whose row a store holds (adding its counts, until its
+    commit) skips the beat rather than queueing behind it; on a free row it stamps hinted_at."""
+    job_id = seed_job(db, settings, n=2)
+    items = claim(db, job_id, "w1", 2)
+
+    def beat() -> bool:
+        with db.begin() as conn:
+            conn.execute(sa.text("SET LOCAL lock_timeout = '200ms'"))  # a wait would raise
+            ledger.mark_hinted(conn, job_id, unless_busy=True)
+            return bool(
+                conn.execute(
+                    sa.text("SELECT hinted_at IS NOT DISTINCT FROM now() FROM jobs WHERE id = :id"),
+                    {"id": job_id},
+                ).scalar_one()
+            )
+
+    with db.connect() as store:
+        store.begin()
+        assert len(ledger.complete(store, "w1", [done_for(c) for c in items])) == 2
+        assert not beat()
+        store.commit()
+    assert beat()
+    with db.begin() as conn:
+        ledger.finalize_jobs(conn, [job_id])
+    assert check_invariants(db, job_id)["succeeded"] == 2
+
+
+def test_a_store_takes_the_job_row_only_at_its_end(db: sa.Engine, settings: Settings) -> None:
+    """A store's fenced update of its items and insert of their results wait for no other
+    store of the job: the job's row is written once, last (ledger/counts.py)."""
+    job_id = seed_job(db, settings, n=4)
+    a, b = claim(db, job_id, "w1", 2), claim(db, job_id, "w2", 2)
+    with db.connect() as holder, db.connect() as other:
+        holder.begin()
+        ledger.complete(holder, "w1", [done_for(c) for c in a])  # holds the job's row
+        other.begin()
+        other.execute(sa.text("SET LOCAL lock_timeout = '200ms'"))
+        # The items and results of w2's store go in while w1's store is still open...
+        stored = other.execute(
+            ledger.items._COMPLETE,
+            {"owner": "w2", "rows": ledger.items.results_json([done_for(c) for c in b])},
+        ).all()
+        assert len(stored) == 2
+        # ...and only adding to the counts waits for w1's commit.
+        with pytest.raises(sa.exc.OperationalError, match="lock timeout"):
+            ledger.counts.add_ended(other, [(job_id, "succeeded")] * 2)
+        other.rollback()
+        holder.commit()
+
+
 def test_status_sets_in_sql_come_from_the_enums() -> None:
     """A list of statuses spelled out in SQL drifts when a status is added; the modules build
     theirs from the model's enums (ledger.sql_in). models.py is exempt: its partial indexes

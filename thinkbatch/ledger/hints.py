@@ -15,9 +15,24 @@ from thinkbatch.ledger.statuses import RUNNABLE_SQL
 # look stale (and re-sent) or fresh for too long.
 
 
-def mark_hinted(conn: sa.Connection, job_id: uuid.UUID) -> None:
-    """Record that a hint for the job was just sent (or that a task is driving it)."""
-    conn.execute(sa.text("UPDATE jobs SET hinted_at = now() WHERE id = :id"), {"id": job_id})
+def mark_hinted(conn: sa.Connection, job_id: uuid.UUID, *, unless_busy: bool = False) -> None:
+    """Record that a hint for the job was just sent (or that a task is driving it).
+
+    `unless_busy`: a task's heartbeat, skipped while another transaction holds the job's row
+    (a store adding to its counts: the job is alive), rather than queued behind it as each
+    of a fleet's workers would be, every heartbeat. A missed beat costs at most a hint sent
+    again, which the claims make harmless.
+    """
+    if unless_busy:
+        conn.execute(_MARK_UNLESS_BUSY, {"id": job_id})
+    else:
+        conn.execute(sa.text("UPDATE jobs SET hinted_at = now() WHERE id = :id"), {"id": job_id})
+
+
+_MARK_UNLESS_BUSY = sa.text(
+    "UPDATE jobs SET hinted_at = now() "
+    "WHERE id = (SELECT id FROM jobs WHERE id = :id FOR NO KEY UPDATE SKIP LOCKED)"
+)
 
 
 # A job with items nobody has claimed. `unfinished` (one column) rules out finished jobs first;

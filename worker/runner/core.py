@@ -362,7 +362,7 @@ class Runner:
     def _heartbeat_job(self, job_id: uuid.UUID) -> ledger.JobState | None:
         # A driven job is alive: the sweeper must not re-hint it (HINT_STALE_S).
         with self.db.begin() as conn:
-            ledger.mark_hinted(conn, job_id)
+            ledger.mark_hinted(conn, job_id, unless_busy=True)
             return ledger.job_state(conn, job_id)
 
     def _expire(self, job_id: uuid.UUID) -> None:
