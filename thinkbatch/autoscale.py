@@ -35,7 +35,7 @@ def pending_work_sql(model: str, *adapters: str) -> str:
 
     A KEDA trigger cannot bind parameters, so the names are literals in the text. An item's
     model is its own (`items.model`) or, when it names none, its job's. The jobs of a model are
-    its whole history; `unfinished > 0` (the triggers' count of a job's pending and running
+    its whole history; `unfinished > 0` (the job row's count of its pending and running
     items, migration 0004) keeps the count to jobs with work left, each one index probe of its
     items (ix_items_job_id_status_seq) however many jobs have ended."""
     statuses = ", ".join(sql_literal(status.value) for status in COUNTED)
