@@ -19,6 +19,7 @@ from thinkbatch.errors import NotFound
 from thinkbatch.jobs import results
 from thinkbatch.jobs.wire import Counts
 from thinkbatch.jobs.wire import ErrorInfo
+from thinkbatch.jobs.wire import ItemOut
 from thinkbatch.jobs.wire import ItemPage
 from thinkbatch.jobs.wire import JobOut
 from thinkbatch.jobs.wire import JobPage
@@ -255,8 +256,10 @@ def items_page(
 def jsonl(rows: Iterator[results.ResultRow], batch: int = 1000) -> Iterator[bytes]:
     """Item records as JSON lines, in chunks of `batch` lines."""
     buffer: list[bytes] = []
+    # The serializer's bytes as they are (model_dump_json decodes them to a str first).
+    to_json = ItemOut.__pydantic_serializer__.to_json
     for r in rows:
-        buffer.append(r.item_out().model_dump_json().encode() + b"\n")
+        buffer.append(to_json(r.item_out()) + b"\n")
         if len(buffer) >= batch:
             yield b"".join(buffer)
             buffer.clear()
