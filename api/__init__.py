@@ -16,6 +16,7 @@ from api import openai_batches
 from api import openai_files
 from api import openapi
 from api import params
+from api import services
 from api.services import Services
 from thinkbatch.db import make_engine
 from thinkbatch.jobs import JobService
@@ -40,6 +41,7 @@ def create_app(settings: Settings) -> Flask:
     )
 
     errors.init_app(app)
+    services.init_app(app)  # the request's read connection, returned before the response
     # Before auth: a refused request is timed, counted and logged like any other.
     metrics.init_app(app)
     access_log.init_app(app)

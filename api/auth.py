@@ -134,6 +134,7 @@ def _bearer() -> str:
 
 
 def init_app(app: Flask) -> None:
+    from api.services import request_connection
     from api.services import services
 
     @app.before_request
@@ -151,8 +152,7 @@ def init_app(app: Flask) -> None:
             key = request.cookies.get(KEY_COOKIE, "")
             found = None
             if key and len(key) <= MAX_KEY_CHARS:
-                with svc.sessions() as session:
-                    found = verify_key(session, key)
+                found = verify_key(request_connection(), key)
                 if found is None:
                     limiter.failed(address)
             if found is None:
@@ -161,8 +161,7 @@ def init_app(app: Flask) -> None:
             return
         try:
             key = _bearer()
-            with svc.sessions() as session:
-                found = verify_key(session, key)
+            found = verify_key(request_connection(), key)
             if found is None:
                 raise Unauthorized("invalid API key")
         except Unauthorized:

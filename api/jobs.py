@@ -18,6 +18,7 @@ from api.openapi import NDJSON
 from api.openapi import Doc
 from api.openapi import Query
 from api.openapi import describe
+from api.services import request_connection
 from api.services import services
 from thinkbatch.jobs import job_out
 from thinkbatch.jobs import parse_item_status
@@ -108,7 +109,8 @@ def list_() -> dict[str, object]:
 )
 def get(job_id: str) -> dict[str, object]:
     svc = services()
-    return svc.jobs.status(caller(), parse_job_id(job_id)).model_dump(mode="json")
+    job = svc.jobs.status(caller(), parse_job_id(job_id), request_connection())
+    return job.model_dump(mode="json")
 
 
 @bp.get("/<job_id>/items")

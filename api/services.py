@@ -7,7 +7,10 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 from celery import Celery
+from flask import Flask
+from flask import Response
 from flask import current_app
+from flask import g
 from sqlalchemy import orm
 
 from thinkbatch.jobs import JobService
@@ -21,6 +24,34 @@ class Services:
     sessions: orm.sessionmaker[orm.Session]
     celery: Celery
     jobs: JobService  # the job service's front door: every route of jobs and batches uses it
+
+
+def request_connection() -> sa.Connection:
+    """This request's connection for reads (autocommit, JobService.reads), taken once and
+    shared by the authentication and the view: one checkout (and one liveness ping) per
+    request instead of one per query. Returned before the response is sent (init_app)."""
+    conn: sa.Connection | None = g.get("thinkbatch_reads")
+    if conn is None:
+        conn = g.thinkbatch_reads = services().jobs.reads.connect()
+    return conn
+
+
+def release_connection() -> None:
+    conn: sa.Connection | None = g.pop("thinkbatch_reads", None)
+    if conn is not None:
+        conn.close()
+
+
+def init_app(app: Flask) -> None:
+    @app.after_request
+    def give_back(response: Response) -> Response:
+        # Before a streamed body runs: a download must not hold the request's connection.
+        release_connection()
+        return response
+
+    @app.teardown_request
+    def give_back_on_error(_: BaseException | None) -> None:
+        release_connection()
 
 
 def services() -> Services:

@@ -126,6 +126,80 @@ def batches_listing(client: httpx.Client, database_url: str, batches: int, lines
     )
 
 
+def load_run(
+    base_url: str, key: str, status_path: str, results_path: str, seconds: float, clients: int
+) -> dict[str, Any]:
+    """`clients` threads on keep-alive connections, each request a status call (80%) or the
+    results of a small finished job (20%), for `seconds`; meanwhile a submitter posts small
+    jobs. Counts every answer of 500 or above, of the pollers and of the submitter alike."""
+    headers = {"Authorization": f"Bearer {key}"}
+    stop = time.monotonic() + seconds
+    lock = threading.Lock()
+    status_ms: list[float] = []
+    results_ms: list[float] = []
+    server_errors: list[int] = []
+    submitted = [0]
+
+    def poller(k: int) -> None:
+        mine_status: list[float] = []
+        mine_results: list[float] = []
+        errors = 0
+        with httpx.Client(base_url=base_url, headers=headers, timeout=60) as client:
+            n = k
+            while time.monotonic() < stop:
+                n += 1
+                is_status = n % 5 != 0  # 4 in 5: status
+                started = time.perf_counter()
+                response = client.get(status_path if is_status else results_path)
+                (mine_status if is_status else mine_results).append(
+                    (time.perf_counter() - started) * 1000
+                )
+                errors += response.status_code >= 500
+        with lock:
+            status_ms.extend(mine_status)
+            results_ms.extend(mine_results)
+            server_errors.append(errors)
+
+    def submitter() -> None:
+        errors = 0
+        with httpx.Client(base_url=base_url, headers=headers, timeout=60) as client:
+            while time.monotonic() < stop:
+                response = client.post("/v1/jobs", json=body(100))
+                errors += response.status_code >= 500
+                submitted[0] += response.status_code == 201
+                time.sleep(0.5)
+        with lock:
+            server_errors.append(errors)
+
+    threads = [threading.Thread(target=poller, args=(k,)) for k in range(clients)]
+    threads.append(threading.Thread(target=submitter))
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    ordered = sorted(status_ms)
+
+    def pct(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+    return {
+        "rate": (len(status_ms) + len(results_ms)) / elapsed,
+        "requests": len(status_ms) + len(results_ms),
+        "p50": pct(0.5),
+        "p99": pct(0.99),
+        "results_p50": statistics.median(results_ms) if results_ms else 0.0,
+        "server_errors": sum(server_errors),
+        "submitted": submitted[0],
+        "elapsed": elapsed,
+    }
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "NOT MET"
+
+
 def timed(fn: Any, repeat: int) -> float:
     samples = []
     for _ in range(repeat):
@@ -140,6 +214,10 @@ def main() -> int:
     parser.add_argument("--items", type=int, default=100_000)
     parser.add_argument("--batches", type=int, default=100)
     parser.add_argument("--batch-lines", type=int, default=1_000)
+    parser.add_argument(
+        "--load-s", type=float, default=20, help="seconds of the many-pollers run (0: skip)"
+    )
+    parser.add_argument("--load-clients", type=int, default=64)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="thinkbatch-scale-"))
     env = {
@@ -192,22 +270,55 @@ def main() -> int:
                 size += len(line) + 1
         stream_s = time.perf_counter() - started
         listing_ms = batches_listing(client, database_url, args.batches, args.batch_lines)
+        load: dict[str, Any] | None = None
+        if args.load_s > 0:
+            small = client.post("/v1/jobs", json=body(100)).raise_for_status().json()["id"]
+            fill_results(database_url, small)
+            load = load_run(
+                f"http://127.0.0.1:{api.port}",
+                key,
+                f"/v1/jobs/{job_id}",
+                f"/v1/jobs/{small}/results",
+                args.load_s,
+                args.load_clients,
+            )
     print(f"scale: one job of {args.items} items ({len(payload) / 1e6:.1f} MB request)")
-    print(f"submit: {submit_s:.2f} s ({args.items / submit_s:,.0f} items/s accepted)")
+    print(
+        f"submit: {submit_s:.2f} s ({args.items / submit_s:,.0f} items/s accepted) "
+        f"(target: at most 1 s: {verdict(submit_s <= 1)})"
+    )
     print(
         f"API memory: largest gunicorn process {baseline / 2**20:.0f} MiB idle, "
         f"{sampler.peak / 2**20:.0f} MiB peak during the submit"
     )
-    print(f"status call: {status_ms:.1f} ms median (queued), {status_done_ms:.1f} ms (finished)")
-    print(f"items page of 100: {first_page_ms:.1f} ms first, {deep_page_ms:.1f} ms deep (after=)")
+    print(
+        f"status call: {status_ms:.1f} ms median (queued), {status_done_ms:.1f} ms (finished) "
+        f"(target: at most 2 ms: {verdict(max(status_ms, status_done_ms) <= 2)})"
+    )
+    print(
+        f"items page of 100: {first_page_ms:.1f} ms first, {deep_page_ms:.1f} ms deep (after=) "
+        f"(target: at most 5 ms: {verdict(max(first_page_ms, deep_page_ms) <= 5)})"
+    )
+    rate = lines / stream_s
     print(
         f"results stream: {lines:,} lines, {size / 1e6:.0f} MB in {stream_s:.2f} s "
-        f"({lines / stream_s:,.0f} items/s, {size / 1e6 / stream_s:.0f} MB/s)"
+        f"({rate:,.0f} items/s, {size / 1e6 / stream_s:.0f} MB/s) "
+        f"(target: at least 100,000 items/s: {verdict(rate >= 100_000)})"
     )
     print(
         f"batches list: {args.batches} finished batches of {args.batch_lines:,} lines in one "
         f"page: {listing_ms:.1f} ms median (target: at most 100 ms)"
     )
+    if load is not None:
+        ok = load["rate"] >= 1000 and load["p99"] <= 100 and load["server_errors"] == 0
+        print(
+            f"load: {args.load_clients} clients for {load['elapsed']:.0f} s, 80% status / 20% "
+            f"results of a 100-item job, {load['submitted']} jobs submitted meanwhile: "
+            f"{load['rate']:,.0f} requests/s, status p50 {load['p50']:.1f} ms, p99 "
+            f"{load['p99']:.1f} ms, results p50 {load['results_p50']:.1f} ms, "
+            f"{load['server_errors']} answers of 5xx (target: at least 1,000 requests/s, "
+            f"status p99 at most 100 ms, no 5xx: {verdict(ok)})"
+        )
     return 0
 
 

@@ -91,14 +91,18 @@ def _utcnow() -> datetime:
 _ITEMS = sa.table("items", sa.column("job_id"), sa.column("status"))
 
 
-def _running_items(job_id: Any) -> sa.ScalarSelect[int]:
-    """The number of the job's running items, as a subquery of a SELECT from jobs."""
-    return (
+def _running_items(job_id: Any, unfinished: Any) -> sa.ColumnElement[int]:
+    """The number of the job's running items, as a subquery of a SELECT from jobs. A job with
+    nothing unfinished has none running, and is not looked up: after a big job finishes, its
+    index range still holds the dead entries of its running items until a vacuum, and every
+    poll of it would walk them."""
+    count = (
         sa.select(sa.func.count())
         .select_from(_ITEMS)
         .where(_ITEMS.c.job_id == job_id, _ITEMS.c.status == "running")
         .scalar_subquery()
     )
+    return sa.case((unfinished == 0, sa.literal(0)), else_=count)
 
 
 class Job(Base):
@@ -140,8 +144,8 @@ class Job(Base):
     unfinished: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
     # The split, read from the items in the same statement (one index range of the job's
     # running items, at most the workers' windows), so the two always add up to `unfinished`.
-    running: orm.Mapped[int] = orm.column_property(_running_items(id))
-    pending: orm.Mapped[int] = orm.column_property(unfinished - _running_items(id))
+    running: orm.Mapped[int] = orm.column_property(_running_items(id, unfinished))
+    pending: orm.Mapped[int] = orm.column_property(unfinished - _running_items(id, unfinished))
     succeeded: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
     failed: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
     cancelled: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")

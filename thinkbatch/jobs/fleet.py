@@ -42,6 +42,14 @@ def _live(dead_after_s: float) -> sa.ColumnElement[bool]:
     return sa.and_(Worker.stopped_at.is_(None), Worker.heartbeat_at > since)
 
 
+# Read by every poll of a job with pending items: built once, not per call.
+_LIVE_WORKERS = sa.select(Worker.model, Worker.adapters).where(
+    Worker.stopped_at.is_(None),
+    Worker.heartbeat_at
+    > sa.func.now() - sa.func.make_interval(0, 0, 0, 0, 0, 0, sa.bindparam("dead_after_s")),
+)
+
+
 def live_workers(conn: sa.Connection, *, dead_after_s: float) -> dict[str, int]:
     """Served name (base model or adapter) -> live workers that serve it."""
     return _live_workers(conn, dead_after_s)[0]
@@ -52,7 +60,7 @@ def _live_workers(
 ) -> tuple[dict[str, int], dict[str, str]]:
     counts: dict[str, int] = {}
     adapter_of: dict[str, str] = {}
-    rows = conn.execute(sa.select(Worker.model, Worker.adapters).where(_live(dead_after_s)))
+    rows = conn.execute(_LIVE_WORKERS, {"dead_after_s": dead_after_s})
     for model, adapters in rows:
         for name in (model, *(adapters or ())):
             counts[name] = counts.get(name, 0) + 1

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import orm
@@ -17,6 +19,7 @@ from thinkbatch.errors import NotFound
 from thinkbatch.jobs import results
 from thinkbatch.jobs.wire import Counts
 from thinkbatch.jobs.wire import ErrorInfo
+from thinkbatch.jobs.wire import ItemOut
 from thinkbatch.jobs.wire import ItemPage
 from thinkbatch.jobs.wire import JobOut
 from thinkbatch.jobs.wire import JobPage
@@ -31,7 +34,71 @@ from thinkbatch.models import JobStatus
 _BATCH_PREFIX = "batch_"
 
 
-def waiting_for(conn: sa.Connection, job: Job, live: dict[str, int]) -> list[str]:
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """What a job's record shows, read as plain columns (status_record): a poll builds no ORM
+    object. Its counts come from the Job attributes themselves, so they are computed in one
+    place however Job defines them."""
+
+    id: uuid.UUID
+    status: JobStatus
+    model: str
+    models: list[str]
+    priority: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    expires_at: datetime
+    total: int
+    pending: int
+    running: int
+    succeeded: int
+    failed: int
+    cancelled: int
+    expired: int
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    meta: dict[str, Any] | None
+    error_code: str | None
+    error_message: str | None
+
+
+_RECORD = sa.select(
+    Job.id,
+    Job.status,
+    Job.model,
+    Job.models,
+    Job.priority,
+    Job.created_at,
+    Job.started_at,
+    Job.finished_at,
+    Job.expires_at,
+    Job.total,
+    Job.pending,
+    Job.running,
+    Job.succeeded,
+    Job.failed,
+    Job.cancelled,
+    Job.expired,
+    Job.prompt_tokens,
+    Job.completion_tokens,
+    Job.reasoning_tokens,
+    Job.meta,
+    Job.error_code,
+    Job.error_message,
+).where(Job.id == sa.bindparam("job_id"), Job.tenant == sa.bindparam("tenant"))
+
+
+def job_record(conn: sa.Connection, caller: Caller, job_id: uuid.UUID) -> JobRecord:
+    """The caller's job as a JobRecord (NotFound as get_job), by one statement built once."""
+    row = conn.execute(_RECORD, {"job_id": job_id, "tenant": caller.tenant}).first()
+    if row is None:
+        raise NotFound(str(job_id))
+    return JobRecord(*tuple(row))
+
+
+def waiting_for(conn: sa.Connection, job: Job | JobRecord, live: dict[str, int]) -> list[str]:
     """The models of the job's pending items that no live worker serves (`live`: the live
     workers by served name, fleet.live_workers). A mixed job's model counts only while it has
     pending items; the lookups run only for a model nobody serves."""
@@ -55,7 +122,9 @@ _PENDING_OF = sa.text(
 )
 
 
-def job_out(job: Job, stats: JobStats | None = None, waiting: list[str] | None = None) -> JobOut:
+def job_out(
+    job: Job | JobRecord, stats: JobStats | None = None, waiting: list[str] | None = None
+) -> JobOut:
     """The job's record; `waiting`: the models it waits for (waiting_for)."""
     return JobOut(
         id=job.id,
@@ -187,8 +256,10 @@ def items_page(
 def jsonl(rows: Iterator[results.ResultRow], batch: int = 1000) -> Iterator[bytes]:
     """Item records as JSON lines, in chunks of `batch` lines."""
     buffer: list[bytes] = []
+    # The serializer's bytes as they are (model_dump_json decodes them to a str first).
+    to_json = ItemOut.__pydantic_serializer__.to_json
     for r in rows:
-        buffer.append(r.item_out().model_dump_json().encode() + b"\n")
+        buffer.append(to_json(r.item_out()) + b"\n")
         if len(buffer) >= batch:
             yield b"".join(buffer)
             buffer.clear()

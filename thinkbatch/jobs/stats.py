@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy import orm
@@ -29,6 +30,9 @@ from thinkbatch.jobs.wire import Truncations
 from thinkbatch.models import ItemResult
 from thinkbatch.models import Job
 from thinkbatch.models import JobStatus
+
+if TYPE_CHECKING:
+    from thinkbatch.jobs.read import JobRecord
 
 _R = ItemResult
 _THOUGHT = _R.reasoning_tokens > 0
@@ -89,7 +93,7 @@ def empty() -> JobStats:
     )
 
 
-def job_stats(session: orm.Session, job: Job) -> JobStats:
+def job_stats(session: orm.Session | sa.Connection, job: Job | JobRecord) -> JobStats:
     """The job's statistics; the caller has checked that the job is the caller's."""
     running = JobStatus(job.status) in _RUNNING
     cached = _cache.get(job.id)
@@ -102,7 +106,10 @@ def job_stats(session: orm.Session, job: Job) -> JobStats:
 
 
 def compute(
-    session: orm.Session, job_id: uuid.UUID, reasoning_tokens: int, completion_tokens: int
+    session: orm.Session | sa.Connection,
+    job_id: uuid.UUID,
+    reasoning_tokens: int,
+    completion_tokens: int,
 ) -> JobStats:
     thought, p50, p90, longest, by_budget, by_max = session.execute(
         _QUERY.where(_R.job_id == job_id)
