@@ -89,8 +89,14 @@ def fill_results(database_url: str, job_id: str) -> None:
             ),
             {"j": job_id},
         )
+        # The counts a worker's stores would have added (thinkbatch/ledger/counts.py).
         conn.execute(
-            sa.text("UPDATE jobs SET status = 'completed', finished_at = now() WHERE id = :j"),
+            sa.text(
+                "UPDATE jobs SET status = 'completed', finished_at = now(),"
+                " succeeded = succeeded + unfinished, prompt_tokens = 40 * unfinished,"
+                " completion_tokens = 150 * unfinished, reasoning_tokens = 90 * unfinished,"
+                " unfinished = 0 WHERE id = :j"
+            ),
             {"j": job_id},
         )
     engine.dispose()
