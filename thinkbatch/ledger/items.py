@@ -105,11 +105,21 @@ def complete(conn: sa.Connection, owner: str, done: Sequence[Done]) -> set[int]:
     # workers of the same jobs store theirs meanwhile: their rows are written once, last.
     lock_jobs(conn, (d.job_id for d in done), Lock.work)
     stored = {row.item_id for row in conn.execute(_COMPLETE, {"owner": owner, "rows": batch})}
-    moved = counts.Counts()
+    # Summed by job in a plain loop first: this runs per stored result, on the worker's writer.
+    sums: dict[uuid.UUID, list[int]] = {}
     for d in done:
         if d.item_id in stored:
-            moved.ended(d.job_id, "succeeded")
-            moved.tokens(d.job_id, d.prompt_tokens, d.completion_tokens, d.reasoning_tokens)
+            s = sums.get(d.job_id)
+            if s is None:
+                s = sums[d.job_id] = [0, 0, 0, 0]
+            s[0] += 1
+            s[1] += d.prompt_tokens
+            s[2] += d.completion_tokens
+            s[3] += d.reasoning_tokens
+    moved = counts.Counts()
+    for job_id, (n, prompt, completion, reasoning) in sums.items():
+        moved.ended(job_id, "succeeded", n)
+        moved.tokens(job_id, prompt, completion, reasoning)
     counts.add(conn, moved)
     return stored
 
