@@ -59,6 +59,7 @@ from bench.pg_waits import PgWaits
 from bench.pg_waits import Waits
 from bench.workload import prompts
 from devstack import local_stack
+from devstack.audit import lost_and_duplicated
 from devstack.services import LocalPostgres
 from devstack.services import free_port
 from devstack.stack import Proc
@@ -161,28 +162,6 @@ def engine_counts(ports: list[int]) -> tuple[float, float]:
     return steps, requests
 
 
-def check_job(db: sa.Engine, job_id: str) -> tuple[int, int]:
-    """(lost, duplicated), as tests/helpers.py `lost_and_duplicated` counts them: items not
-    terminal, or succeeded without a result row; result rows beyond one per custom_id."""
-    with db.connect() as conn:
-        lost = conn.execute(
-            sa.text(
-                "SELECT count(*) FROM items i LEFT JOIN item_results r ON r.item_id = i.id "
-                "WHERE i.job_id = :id AND (i.status IN ('pending', 'running') "
-                "OR (i.status = 'succeeded' AND r.item_id IS NULL))"
-            ),
-            {"id": job_id},
-        ).scalar_one()
-        duplicated = conn.execute(
-            sa.text(
-                "SELECT count(*) - count(DISTINCT i.custom_id) FROM item_results r "
-                "JOIN items i ON i.id = r.item_id WHERE r.job_id = :id"
-            ),
-            {"id": job_id},
-        ).scalar_one()
-    return int(lost), int(duplicated)
-
-
 def run_arm(
     client: httpx.Client,
     db: sa.Engine,
@@ -242,7 +221,7 @@ def run_arm(
             sa.text("SELECT count(*) FROM item_results WHERE job_id = :id AND created_at > :t"),
             {"id": job["id"], "t": submitted + timedelta(seconds=last_join)},
         ).scalar_one()
-    lost, duplicated = check_job(db, job["id"])
+    lost, duplicated = lost_and_duplicated(db, job["id"])
     return Arm(
         items=len(items),
         seconds=end,

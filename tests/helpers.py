@@ -23,6 +23,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import orm
 
+from devstack.audit import lost_and_duplicated  # noqa: F401 - the tiers import it from here
 from thinkbatch.jobs import JobService
 from thinkbatch.keys import Caller
 from thinkbatch.keys import create_key
@@ -233,25 +234,3 @@ def check_invariants(db: sa.Engine, job_id: uuid.UUID, *, finished: bool = True)
         assert counts["pending"] == counts["running"] == 0, counts
         assert job.status in ("completed", "failed", "cancelled", "expired"), job.status
     return counts
-
-
-def lost_and_duplicated(db: sa.Engine, job_id: str | uuid.UUID) -> tuple[int, int]:
-    """(lost, duplicated) of a finished job: items not terminal or succeeded without a
-    result; results beyond one per item. The chaos and multi-host tiers report both."""
-    with db.connect() as conn:
-        lost = conn.execute(
-            sa.text(
-                "SELECT count(*) FROM items i LEFT JOIN item_results r ON r.item_id = i.id "
-                "WHERE i.job_id = :id AND (i.status IN ('pending', 'running') "
-                "OR (i.status = 'succeeded' AND r.item_id IS NULL))"
-            ),
-            {"id": job_id},
-        ).scalar_one()
-        duplicated = conn.execute(
-            sa.text(
-                "SELECT count(*) - count(DISTINCT i.custom_id) FROM item_results r "
-                "JOIN items i ON i.id = r.item_id WHERE r.job_id = :id"
-            ),
-            {"id": job_id},
-        ).scalar_one()
-    return lost, duplicated
