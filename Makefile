@@ -19,7 +19,7 @@ demo: install        ## a demo batch end to end on embedded PostgreSQL and Redis
 test: install        ## every test: unit, API, process stacks, end to end with vLLM, chaos, hosts
 	$(PY) -m pytest -q -m "not e2e and not chaos and not hosts and not slow" \
 		-n auto --maxprocesses 4; fast=$$?; \
-	$(PY) -m pytest -m "e2e or chaos or hosts or slow"; slow=$$?; \
+	$(PY) -m pytest -m "e2e or chaos or hosts or slow" --durations=15; slow=$$?; \
 	exit $$(( fast || slow ))
 
 check: install       ## the edit loop: unit and API tests, no real engine, no process stacks

@@ -260,6 +260,11 @@ def main() -> int:
         status_ms = timed(lambda: client.get(f"/v1/jobs/{job_id}").raise_for_status(), 50)
         fill_results(database_url, job_id)
         status_done_ms = timed(lambda: client.get(f"/v1/jobs/{job_id}").raise_for_status(), 50)
+        # The floor under every figure above: a request the app answers at once, and what this
+        # client (httpx, as a user's script would use) spends on each call itself.
+        client_cpu = time.process_time()
+        healthz_ms = timed(lambda: client.get("/healthz").raise_for_status(), 100)
+        client_cpu_ms = (time.process_time() - client_cpu) * 1000 / 100
         first_page_ms = timed(
             lambda: client.get(f"/v1/jobs/{job_id}/items", params={"limit": 100}), 20
         )
@@ -296,6 +301,10 @@ def main() -> int:
     print(
         f"API memory: largest gunicorn process {baseline / 2**20:.0f} MiB idle, "
         f"{sampler.peak / 2**20:.0f} MiB peak during the submit"
+    )
+    print(
+        f"a request that does nothing (/healthz): {healthz_ms:.1f} ms median; the client's own "
+        f"CPU per call: {client_cpu_ms:.1f} ms"
     )
     print(
         f"status call: {status_ms:.1f} ms median (queued), {status_done_ms:.1f} ms (finished) "
