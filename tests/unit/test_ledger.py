@@ -346,6 +346,65 @@ def test_a_heartbeat_skips_a_job_row_a_store_holds(db: sa.Engine, settings: Sett
     assert check_invariants(db, job_id)["succeeded"] == 2
 
 
+def test_writers_ending_items_of_the_same_jobs_crosswise_do_not_deadlock(
+    db: sa.Engine, settings: Settings
+) -> None:
+    """Two workers each store results of one job and failures of the other, crosswise: each
+    write only gathers its counts, and the batch adds them at once, its jobs in id order (as
+    the writer does). Added write by write, the second write of each would wait for the
+    other's first: a deadlock, which Postgres breaks by aborting one of them."""
+    a, b = sorted([seed_job(db, settings, n=2), seed_job(db, settings, n=2)])
+    held = {owner: {job: claim(db, job, owner, 1)[0] for job in (a, b)} for owner in ("w1", "w2")}
+
+    def failure(item: ledger.Claimed) -> ledger.Failed:
+        return ledger.Failed(item.id, item.job_id, item.attempt, "bad", "no", retryable=False)
+
+    first, second = db.connect(), db.connect()
+    try:
+        counted = {}
+        for conn, owner, ok, bad in ((first, "w1", a, b), (second, "w2", b, a)):
+            conn.begin()
+            # A write that waited for the other connection's rows would wait for good here
+            # (both are this thread's): it fails instead.
+            conn.execute(sa.text("SET LOCAL lock_timeout = '5s'"))
+            counted[owner] = ledger.Counts()
+            mine = held[owner]
+            assert ledger.complete(conn, owner, [done_for(mine[ok])], counted[owner])
+            assert ledger.fail(
+                conn, owner, [failure(mine[bad])], max_attempts=3, counted=counted[owner]
+            )
+        ledger.add_counts(first, counted["w1"])
+        errors: list[BaseException] = []
+
+        def add_second() -> None:
+            try:
+                ledger.add_counts(second, counted["w2"])
+            except BaseException as error:  # noqa: BLE001 - reported by the test below
+                errors.append(error)
+
+        waiting = threading.Thread(target=add_second)
+        waiting.start()  # waits for the first's rows, taken in the same order
+        first.commit()
+        waiting.join(timeout=10)
+        assert not waiting.is_alive()
+        assert errors == []
+        second.commit()
+    finally:
+        first.close()
+        second.close()
+    for job in (a, b):
+        with db.begin() as conn:
+            ledger.finalize_jobs(conn, [job])
+        assert check_invariants(db, job) == {
+            "succeeded": 1,
+            "failed": 1,
+            "cancelled": 0,
+            "expired": 0,
+            "pending": 0,
+            "running": 0,
+        }
+
+
 def test_a_store_takes_the_job_row_only_at_its_end(db: sa.Engine, settings: Settings) -> None:
     """A store's fenced update of its items and insert of their results wait for no other
     store of the job: the job's row is written once, last (ledger/counts.py)."""

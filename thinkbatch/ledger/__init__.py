@@ -26,6 +26,8 @@ from thinkbatch.ledger.claims import ModelFilter
 from thinkbatch.ledger.claims import claim
 from thinkbatch.ledger.claims import has_pending
 from thinkbatch.ledger.claims import has_suspects
+from thinkbatch.ledger.counts import Counts
+from thinkbatch.ledger.counts import add as add_counts
 from thinkbatch.ledger.files import delete_file
 from thinkbatch.ledger.files import expire_files
 from thinkbatch.ledger.files import insert_chunk
@@ -83,6 +85,7 @@ __all__ = [
     "UNFINISHED",
     "UNFINISHED_SQL",
     "Claimed",
+    "Counts",
     "Done",
     "Failed",
     "JobState",
@@ -91,6 +94,7 @@ __all__ = [
     "ModelFilter",
     "NewJob",
     "ToDrive",
+    "add_counts",
     "beat",
     "cancel_job",
     "claim",

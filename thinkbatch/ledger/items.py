@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterable
 from collections.abc import Sequence
 from typing import Any
 
@@ -96,8 +97,16 @@ def _without_nul(value: Any) -> Any:
     return value
 
 
-def complete(conn: sa.Connection, owner: str, done: Sequence[Done]) -> set[int]:
-    """Store results whose lease still stands; returns the ids that were stored."""
+def complete(
+    conn: sa.Connection,
+    owner: str,
+    done: Sequence[Done],
+    counted: counts.Counts | None = None,
+) -> set[int]:
+    """Store results whose lease still stands; returns the ids that were stored.
+
+    Their jobs' counts go to `counted`, for the caller to add with the rest of its
+    transaction's (`counts.add`), or are added here when it is None."""
     if not done:
         return set()
     batch = results_json(done)
@@ -116,11 +125,12 @@ def complete(conn: sa.Connection, owner: str, done: Sequence[Done]) -> set[int]:
             s[1] += d.prompt_tokens
             s[2] += d.completion_tokens
             s[3] += d.reasoning_tokens
-    moved = counts.Counts()
+    moved = counts.Counts() if counted is None else counted
     for job_id, (n, prompt, completion, reasoning) in sums.items():
         moved.ended(job_id, "succeeded", n)
         moved.tokens(job_id, prompt, completion, reasoning)
-    counts.add(conn, moved)
+    if counted is None:
+        counts.add(conn, moved)
     return stored
 
 
@@ -147,9 +157,15 @@ _FAIL = sa.text(
 
 
 def fail(
-    conn: sa.Connection, owner: str, failed: Sequence[Failed], *, max_attempts: int
+    conn: sa.Connection,
+    owner: str,
+    failed: Sequence[Failed],
+    *,
+    max_attempts: int,
+    counted: counts.Counts | None = None,
 ) -> dict[int, str]:
-    """Record failures: retryable ones go back to pending until the attempt cap."""
+    """Record failures: retryable ones go back to pending until the attempt cap. `counted`:
+    as in `complete`."""
     if not failed:
         return {}
     lock_jobs(conn, (f.job_id for f in failed), Lock.work)  # as in `complete`
@@ -165,8 +181,19 @@ def fail(
             "retryable": [f.retryable for f in failed],
         },
     ).all()
-    counts.add_ended(conn, ((row.job_id, row.status) for row in rows))
+    _count(conn, ((row.job_id, row.status) for row in rows), counted)
     return {row.id: row.status for row in rows}
+
+
+def _count(
+    conn: sa.Connection, moved: Iterable[tuple[uuid.UUID, str]], counted: counts.Counts | None
+) -> None:
+    """Count the (job id, new status) of moved items into `counted`, or add them now."""
+    if counted is None:
+        counts.add_ended(conn, moved)
+        return
+    for job_id, status in moved:
+        counted.ended(job_id, status)
 
 
 def _update_held(
@@ -175,6 +202,7 @@ def _update_held(
     items: Sequence[tuple[int, uuid.UUID, int]],
     assignments: str,
     params: dict[str, Any],
+    counted: counts.Counts | None = None,
 ) -> int:
     """Lock the items' jobs, then apply `assignments` (an SQL SET list) to each (item id, job
     id, attempt) that `owner` still holds under that attempt (the fence), and count the items
@@ -197,7 +225,7 @@ def _update_held(
             "attempts": [a for _, _, a in items],
         },
     ).all()
-    counts.add_ended(conn, ((row.job_id, row.status) for row in rows))
+    _count(conn, ((row.job_id, row.status) for row in rows), counted)
     return len(rows)
 
 
@@ -209,8 +237,10 @@ def end_items(
     status: ItemStatus,
     code: str,
     message: str,
+    counted: counts.Counts | None = None,
 ) -> int:
-    """End in-flight items of a cancelled or expired job (aborted in the engine)."""
+    """End in-flight items of a cancelled or expired job (aborted in the engine). `counted`:
+    as in `complete`."""
     if not items:
         return 0
     return _update_held(
@@ -220,6 +250,7 @@ def end_items(
         "status = :status, finished_at = now(), lease_owner = NULL, lease_expires_at = NULL, "
         "error_code = :code, error_message = :message",
         {"status": status.value, "code": code, "message": message},
+        counted,
     )
 
 

@@ -329,9 +329,16 @@ class Writer:
 
         def write() -> None:
             with self.db.begin() as conn:
-                stored["done"] = ledger.complete(conn, self.owner, writes.done)
+                # The batch's counts are added once, in one order of its jobs: two writers
+                # whose batches end items of the same jobs never take their rows crosswise.
+                counted = ledger.Counts()
+                stored["done"] = ledger.complete(conn, self.owner, writes.done, counted)
                 stored["failed"] = ledger.fail(
-                    conn, self.owner, writes.failed, max_attempts=self.settings.max_attempts
+                    conn,
+                    self.owner,
+                    writes.failed,
+                    max_attempts=self.settings.max_attempts,
+                    counted=counted,
                 )
                 stored["ended"] = sum(
                     ledger.end_items(
@@ -341,9 +348,11 @@ class Writer:
                         status=status,
                         code=status.value,
                         message=f"the job was {status.value} while this item ran",
+                        counted=counted,
                     )
                     for status, keys in writes.ended.items()
                 )
+                ledger.add_counts(conn, counted)
                 stored["released"] = ledger.release(conn, self.owner, writes.released)
                 stored["finished"] = ledger.finalize_jobs(conn, {o.claimed.job_id for o in batch})
 
