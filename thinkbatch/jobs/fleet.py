@@ -36,13 +36,8 @@ def work_by_model(conn: sa.Connection) -> dict[tuple[str, str], int]:
     return {(row.model, row.status): row.n for row in conn.execute(_WORK_BY_MODEL)}
 
 
-def _live(dead_after_s: float) -> sa.ColumnElement[bool]:
-    # The database's clock, as every judgement of a heartbeat (thinkbatch/ledger/workers.py).
-    since = sa.func.now() - sa.func.make_interval(0, 0, 0, 0, 0, 0, dead_after_s)
-    return sa.and_(Worker.stopped_at.is_(None), Worker.heartbeat_at > since)
-
-
-# Read by every poll of a job with pending items: built once, not per call.
+# Read by every poll of a job with pending items: built once, not per call. Judged by the
+# database's clock, as every judgement of a heartbeat (thinkbatch/ledger/workers.py).
 _LIVE_WORKERS = sa.select(Worker.model, Worker.adapters).where(
     Worker.stopped_at.is_(None),
     Worker.heartbeat_at
