@@ -14,12 +14,14 @@ lock: install        ## rewrite locks/ after a change to pyproject.toml (ARGS=--
 demo: install        ## a demo batch end to end on embedded PostgreSQL and Redis
 	$(PY) -m demo
 
-# The in-process tiers (unit, API) run first, one process per core; the tiers with real
-# processes, engines and faults then run one test at a time, as their timings assume.
+# The in-process tiers (unit, API) run first, one process per core. The tiers with real
+# processes, engines and faults then run in two workers (tests/streams.py): the real vLLM
+# engine's tests one at a time, and beside them the other process tests, which mostly wait.
 test: install        ## every test: unit, API, process stacks, end to end with vLLM, chaos, hosts
 	$(PY) -m pytest -q -m "not e2e and not chaos and not hosts and not slow" \
 		-n auto --maxprocesses 4; fast=$$?; \
-	$(PY) -m pytest -m "e2e or chaos or hosts or slow" --durations=15; slow=$$?; \
+	$(PY) -m pytest -m "e2e or chaos or hosts or slow" -n 2 --streams \
+		--durations=15; slow=$$?; \
 	exit $$(( fast || slow ))
 
 check: install       ## the edit loop: unit and API tests, no real engine, no process stacks

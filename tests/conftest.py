@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import hypothesis
@@ -25,6 +26,7 @@ from flask.testing import FlaskClient
 from api import create_app
 from devstack.services import LocalPostgres
 from devstack.services import LocalRedis
+from tests import reports
 from tests.helpers import TENANT
 from tests.helpers import Servers
 from tests.helpers import close_app
@@ -33,29 +35,49 @@ from tests.helpers import keyed_client
 from tests.helpers import make_key
 from tests.helpers import make_settings
 from tests.helpers import recreate_database
+from tests.stacks import REDIS_DATABASES
 from thinkbatch.db import migrate
 from thinkbatch.models import Base
 from thinkbatch.settings import Settings
 
-# `make check` runs the fast tier in two processes (pytest-xdist, one per core here). Each worker
-# process gets a database and a Redis database number of its own, set here before any fixture or
-# test reads them, so that tests written for one process need no change.
+# `make check` and `make test` run their tiers in two processes (pytest-xdist, one per core
+# here). Each worker process gets a database and a Redis database number of its own, and a share
+# of the Redis numbers its stacks are handed, set here before any fixture or test reads them, so
+# that tests written for one process need no change.
 _XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if _XDIST_WORKER:
     _n = int(_XDIST_WORKER.removeprefix("gw"))
+    _count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     _name = os.environ.get("TEST_DATABASE_NAME", "thinkbatch_test")
     os.environ["TEST_DATABASE_NAME"] = f"{_name}_{_XDIST_WORKER}"
     if _redis := os.environ.get("TEST_REDIS_URL"):
         _url = urlsplit(_redis)
-        _db = (int(_url.path.strip("/") or 0) + 1 + _n) % 16  # Redis has databases 0-15
-        os.environ["TEST_REDIS_URL"] = _url._replace(path=f"/{_db}").geturl()
+        _base = int(_url.path.strip("/") or 0)
+        _own = [(_base + 1 + k) % 16 for k in range(_count)]  # Redis has databases 0-15
+        os.environ["TEST_REDIS_URL"] = _url._replace(path=f"/{_own[_n]}").geturl()
+        REDIS_DATABASES.share(_n, _count, _own)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: its scenario lines go to the controller
+        reports.collect(workeroutput)
+
+
+def pytest_testnodedown(node: Any, error: object) -> None:
+    reports.receive(getattr(node, "workeroutput", {}))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    reports.write(terminalreporter.write_line)
+
 
 # Emptied before each test, children first. DELETE, not TRUNCATE: a test leaves a few rows, and
 # TRUNCATE's new files per table cost ~0.1 s a test on this host against ~0.01 s for DELETE.
 TABLES = list(reversed(Base.metadata.sorted_tables))
 
 # Fixtures kept in modules of their own, next to the helpers they use.
-pytest_plugins = ["tests.runner_harness"]
+pytest_plugins = ["tests.runner_harness", "tests.streams"]
 
 # The fuzzing (tests/api/test_openapi.py) takes hypothesis's default 100 examples per operation and
 # mode; `make check`, the edit loop, passes --hypothesis-profile=check for a fifth of them.

@@ -73,11 +73,20 @@ def redis_db(url: str, db: int) -> str:
 
 class _RedisDatabases:
     """Redis database numbers for stacks, one after the other (Redis has 0-15), never the
-    tests' own database: a stack flushes what it is handed."""
+    tests' own database: a stack flushes what it is handed. Processes of one run that share a
+    Redis server (pytest-xdist workers) each take their own share (`share`), so that no stack
+    flushes another's broker."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._numbers = itertools.cycle(range(16))
+
+    def share(self, index: int, count: int, reserved: Sequence[int]) -> None:
+        """Take only the numbers of process `index` of `count`, none of `reserved` (every
+        process's own tests' database)."""
+        mine = [n for n in range(16) if n % count == index and n not in reserved]
+        with self._lock:
+            self._numbers = itertools.cycle(mine)
 
     def take(self, tests_url: str) -> str:
         own = int(urlsplit(tests_url).path.strip("/") or 0)

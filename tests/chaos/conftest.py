@@ -1,5 +1,5 @@
-"""Chaos suite fixtures: private PostgreSQL and Redis servers (so they can be restarted), a
-real API, and a report line per scenario printed at the end of the run."""
+"""Chaos suite fixtures: private PostgreSQL and Redis servers (so they can be restarted) and a
+real API. The report line per scenario is printed at the end of the run by tests/conftest.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import sqlalchemy as sa
 
 from devstack.services import LocalPostgres
 from devstack.services import LocalRedis
-from tests.chaos.helpers import REPORTS
 from tests.chaos.helpers import Chaos
 from tests.stacks import FAST_RECOVERY_ENV
 from tests.stacks import Client
@@ -40,20 +39,3 @@ def chaos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chaos]:
         db.dispose()
         redis_server.stop()
         pg.stop()
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if not REPORTS:
-        return
-    write = terminalreporter.write_line
-    write("")
-    write("chaos scenarios (every item terminal, one result per item, counts = items):")
-    write(
-        f"{'scenario':40} {'items':>5} {'faults':>6} {'lost':>4} {'dup':>4} "
-        f"{'recover_s':>9} {'finish_s':>8}"
-    )
-    for r in REPORTS:
-        write(
-            f"{r.name:40} {r.items:>5} {r.faults:>6} {r.lost:>4} {r.duplicated:>4} "
-            f"{r.recover_s:>9.1f} {r.finish_s:>8.1f}  {r.note}"
-        )

@@ -133,6 +133,7 @@ def fake_workers(chaos: Chaos, name: str) -> Stack:
     return chaos.worker_stack(name, **FAKE_ENV)
 
 
+@pytest.mark.engine
 def test_kill_9_the_worker_three_times(chaos: Chaos) -> None:
     stack = vllm_workers(chaos, "kill9")
     try:
@@ -168,6 +169,7 @@ def share_by_worker(chaos: Chaos, job_id: str) -> dict[str, tuple[int, int]]:
         return {worker: (held, stored) for worker, held, stored in rows}
 
 
+@pytest.mark.engine
 def test_two_workers_one_killed(chaos: Chaos) -> None:
     stack = vllm_workers(chaos, "two")
     try:
@@ -324,6 +326,7 @@ def test_poison_item_fails_alone(chaos: Chaos) -> None:
         stack.stop_all()
 
 
+@pytest.mark.engine
 def test_sigterm_mid_job(chaos: Chaos) -> None:
     stack = vllm_workers(chaos, "sigterm")
     try:
@@ -350,6 +353,7 @@ def test_sigterm_mid_job(chaos: Chaos) -> None:
         stack.stop_all()
 
 
+@pytest.mark.engine
 def test_cancel_and_expiry_mid_job(chaos: Chaos) -> None:
     stack = vllm_workers(chaos, "cancel")
     try:

@@ -1,6 +1,6 @@
 """Multi-host tier fixtures: the network of namespaces (tests/hosts/netns.py), private
-PostgreSQL and Redis servers and the API in the services' namespace, and a report line per
-scenario printed at the end of the run. Everything made here is removed at the end, also when a
+PostgreSQL and Redis servers and the API in the services' namespace (tests/reports.py prints
+the report line per scenario). Everything made here is removed at the end, also when a
 test fails; what a killed run left behind is removed at the start of the next."""
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import sqlalchemy as sa
 from devstack.services import LocalPostgres
 from devstack.services import LocalRedis
 from tests.hosts import netns
-from tests.hosts.helpers import REPORTS
 from tests.hosts.helpers import Lab
 from tests.stacks import FAST_RECOVERY_ENV
 from tests.stacks import Client
@@ -69,22 +68,3 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         undo.callback(db.dispose)
         client = undo.enter_context(Client(None, api_key(url), uds=root / "api.sock"))
         yield Lab(network, pg, redis_server, url, db, client, root)
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if not REPORTS:
-        return
-    write = terminalreporter.write_line
-    write("")
-    write("multi-host scenarios (every item terminal, one result per item, counts = items;")
-    write("fenced: late writes of the faulty host refused by the fence; times from the fault,")
-    write("b rows from its end):")
-    write(
-        f"{'scenario':40} {'items':>5} {'faults':>6} {'lost':>4} {'dup':>4} {'fenced':>6} "
-        f"{'recover_s':>9} {'finish_s':>8}"
-    )
-    for r in REPORTS:
-        write(
-            f"{r.name:40} {r.items:>5} {r.faults:>6} {r.lost:>4} {r.duplicated:>4} "
-            f"{r.fenced:>6} {r.recover_s:>9.1f} {r.finish_s:>8.1f}  {r.note}"
-        )

@@ -326,6 +326,7 @@ def test_gpu_check_refuses_cleanly_without_a_gpu(command: list[str]) -> None:
 
 
 @pytest.mark.slow  # imports vLLM (and torch): ~15 s on this host
+@pytest.mark.engine
 def test_gpu_engine_arguments_carry_no_cpu_only_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     from worker.vllm_engine import configure_environment
     from worker.vllm_engine import engine_args
@@ -389,6 +390,7 @@ def test_readiness_wait_depends_on_the_model_and_reports_progress(tmp_path: Path
 
 
 @pytest.mark.slow  # two vLLM engines start one after the other: ~2 min on this CPU
+@pytest.mark.engine
 def test_gpu_check_stack_steps_run_on_the_demo_model(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -16,7 +16,7 @@ from worker.runner.window import InFlight
 
 # slow: vLLM's stats objects mean importing vLLM (and torch), ~15 s on this host. The imports
 # are in the tests, so that make check, which leaves these out, never loads vLLM.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
 
 class _Runner:

@@ -202,6 +202,7 @@ def test_a_huge_prompt_does_not_hold_back_the_others(harness: Harness) -> None:
 
 
 @pytest.mark.slow  # imports vLLM (and torch): ~15 s on this host
+@pytest.mark.engine
 def test_vllm_refusals_of_sampling_values_reject_only_their_item(settings: Settings) -> None:
     """The real adapter: vLLM's own SamplingParams judges each item; a refusal is that item's
     `invalid_request` with vLLM's message, and its batch-mates are prepared."""

@@ -22,9 +22,11 @@ from thinkbatch.limits import STOP_MAX_STRINGS
 from thinkbatch.limits import Bound
 from thinkbatch.limits import Limit
 
+
 # The tests that ask vLLM's own SamplingParams are `slow`: importing vLLM (and torch) takes ~15 s
 # on this host, so they import it when they run, and make check never loads it.
-engine_test = pytest.mark.slow
+def engine_test(test: Any) -> Any:
+    return pytest.mark.engine(pytest.mark.slow(test))
 
 
 def _vllm() -> Any:

@@ -15,7 +15,8 @@ import pytest
 from thinkbatch.sampling import resolve_sampling
 from thinkbatch.settings import Settings
 
-pytestmark = pytest.mark.slow  # imports vLLM (and torch): ~15 s on this host
+# imports vLLM (and torch): ~15 s on this host
+pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
 
 def _engine_failing_with(error: BaseException) -> Any:

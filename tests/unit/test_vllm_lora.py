@@ -12,7 +12,8 @@ import pytest
 from thinkbatch.settings import Settings
 from worker.engine import AdapterError
 
-pytestmark = pytest.mark.slow  # imports vLLM (and torch): ~15 s on this host
+# imports vLLM (and torch): ~15 s on this host
+pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
 TWO = {"a": "/adapters/a", "b": "/adapters/b"}
 
