@@ -14,7 +14,7 @@ def _category(proc: Any) -> str:
     for needle, category in (
         ("EngineCore", "engine"), ("VLLM::Worker", "engine"), ("celery", "worker"),
         ("gunicorn", "api"), ("postgres", "postgres"), ("redis-server", "redis"),
-        ("bench.raw_arm", "raw client"), ("bench.throughput", "bench"),
+        ("bench.raw_arm", "raw client"), ("bench.throughput", "bench"), ("bench.scale", "bench"),
     ):  # fmt: skip
         if needle in text or needle in (proc.info["name"] or ""):
             return category

@@ -20,6 +20,8 @@ import httpx
 import psutil
 import sqlalchemy as sa
 
+from bench.cpu import cpu_snapshot
+from bench.cpu import cpu_used
 from devstack import local_stack
 from thinkbatch.keys import issue_key
 from thinkbatch.openai import batches as batch_files
@@ -133,7 +135,13 @@ def batches_listing(client: httpx.Client, database_url: str, batches: int, lines
 
 
 def load_run(
-    base_url: str, key: str, status_path: str, results_path: str, seconds: float, clients: int
+    base_url: str,
+    key: str,
+    status_path: str,
+    results_path: str,
+    seconds: float,
+    clients: int,
+    database: str = "",
 ) -> dict[str, Any]:
     """`clients` threads on keep-alive connections, each request a status call (80%) or the
     results of a small finished job (20%), for `seconds`; meanwhile a submitter posts small
@@ -179,20 +187,26 @@ def load_run(
 
     threads = [threading.Thread(target=poller, args=(k,)) for k in range(clients)]
     threads.append(threading.Thread(target=submitter))
+    cpu_before = cpu_snapshot(database)
     started = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     elapsed = time.perf_counter() - started
+    cpu = cpu_used(cpu_before, database)
     ordered = sorted(status_ms)
 
     def pct(q: float) -> float:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
+    requests = len(status_ms) + len(results_ms)
     return {
-        "rate": (len(status_ms) + len(results_ms)) / elapsed,
-        "requests": len(status_ms) + len(results_ms),
+        "rate": requests / elapsed,
+        "requests": requests,
+        # CPU per request by process kind: the API's workers, Postgres's backends of this
+        # database, Redis, and this client itself (64 threads of httpx on one GIL).
+        "cpu_us": {kind: s * 1e6 / max(1, requests) for kind, s in sorted(cpu.items())},
         "p50": pct(0.5),
         "p99": pct(0.99),
         "results_p50": statistics.median(results_ms) if results_ms else 0.0,
@@ -292,6 +306,7 @@ def main() -> int:
                 f"/v1/jobs/{small}/results",
                 args.load_s,
                 args.load_clients,
+                database="scale",
             )
     print(f"scale: one job of {args.items} items ({len(payload) / 1e6:.1f} MB request)")
     print(
@@ -334,6 +349,8 @@ def main() -> int:
             f"{load['server_errors']} answers of 5xx (target: at least 1,000 requests/s, "
             f"status p99 at most 100 ms, no 5xx: {verdict(ok)})"
         )
+        per = ", ".join(f"{kind} {us:,.0f}" for kind, us in load["cpu_us"].items())
+        print(f"load: CPU per request (us) by process: {per}")
     return 0
 
 
