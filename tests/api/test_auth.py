@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Callable
 
 import pytest
+import redis
 import sqlalchemy as sa
 from flask import Flask
 from flask.testing import FlaskClient
@@ -19,6 +20,7 @@ from werkzeug.routing import Rule
 from tests.helpers import keyed_client
 from tests.helpers import make_key
 from thinkbatch.keys import revoke_key
+from thinkbatch.settings import Settings
 
 # The only routes open to anonymous callers: the probes, metrics, and the API's own
 # description (no one's data, and a browser cannot send a bearer key to open /docs). A route
@@ -162,6 +164,30 @@ def test_failed_attempts_are_rate_limited_per_address(
     other.environ_base["REMOTE_ADDR"] = "127.0.0.9"
     other.environ_base["HTTP_AUTHORIZATION"] = good.environ_base["HTTP_AUTHORIZATION"]
     assert other.get("/v1/jobs").status_code == 200
+
+
+def test_each_process_adds_at_most_one_failed_attempt_to_the_limit(
+    make_app: Callable[..., Flask], db: sa.Engine, settings: Settings
+) -> None:
+    """Two apps on one Redis are two API processes. A process that saw an address clean
+    skips the counter for it until a failure of its own, so failures counted elsewhere reach
+    it one attempt late: at most the limit plus one attempt per process, never more."""
+    first, second = make_app(auth_failures_per_minute=3), make_app(auth_failures_per_minute=3)
+    key = make_key(db, "acme")
+    assert keyed_client(first, key).get("/v1/jobs").status_code == 200  # seen clean in first
+    bad = "tb_00000000_" + "B" * 43
+    assert [keyed_client(second, bad).get("/v1/jobs").status_code for _ in range(4)] == [
+        401, 401, 401, 429,
+    ]  # fmt: skip
+    # The first process still remembers the address as clean: one more attempt gets through
+    # and is counted, and from then on it asks Redis, which says the address is over.
+    assert [keyed_client(first, bad).get("/v1/jobs").status_code for _ in range(3)] == [
+        401, 429, 429,
+    ]  # fmt: skip
+    assert keyed_client(first, key).get("/v1/jobs").status_code == 429
+    with redis.Redis.from_url(settings.require_redis_url()) as client:
+        counted = [int(client.get(k) or 0) for k in client.keys("thinkbatch:auth-failures:*")]
+    assert counted == [4]  # 3 + 1: every failed attempt that reached a key lookup
 
 
 def test_no_key_reaches_the_logs(
