@@ -6,6 +6,7 @@ unknown model is refused naming what is served."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from tests.helpers import submit_job
 from tests.runner_harness import Harness
 from tests.runner_harness import wait_status
 from thinkbatch import ledger
+from thinkbatch.jobs.fleet import LiveWorkers
 from thinkbatch.ledger import ModelFilter
 from thinkbatch.queue import model_queue
 from thinkbatch.settings import Settings
@@ -152,6 +154,16 @@ def test_a_configured_model_without_a_worker_waits_visibly(
             sa.text("UPDATE items SET status = 'cancelled' WHERE model = :m"), {"m": OTHER}
         )
     assert client.get(f"/v1/jobs/{job['id']}").json["waiting_for"] == []
+
+
+def test_polls_see_the_fleet_at_most_their_ttl_late(db: sa.Engine, settings: Settings) -> None:
+    live = LiveWorkers(settings.worker_dead_after_s, ttl_s=0.5)
+    with db.connect() as conn:
+        assert live.get(conn) == {}
+        register(db, "w-late", BASE)
+        assert live.get(conn) == {}  # read less than the ttl ago: not asked again
+        time.sleep(0.6)
+        assert live.get(conn) == {BASE: 1}
 
 
 def test_an_unknown_model_is_refused_naming_what_is_served(

@@ -8,6 +8,8 @@ configured nor served is refused at submit as `model_not_found`, listing what is
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from dataclasses import field
@@ -48,6 +50,30 @@ _LIVE_WORKERS = sa.select(Worker.model, Worker.adapters).where(
 def live_workers(conn: sa.Connection, *, dead_after_s: float) -> dict[str, int]:
     """Served name (base model or adapter) -> live workers that serve it."""
     return _live_workers(conn, dead_after_s)[0]
+
+
+class LiveWorkers:
+    """live_workers for the polls of one process, read at most once per `ttl_s`. Every poll of
+    a job with pending items asks who serves its models; the answer moves only as workers
+    start, stop or miss heartbeats, which are judged seconds apart (HEARTBEAT_S against
+    WORKER_DEAD_AFTER_S), so a poll may see it up to `ttl_s` late instead of asking Postgres
+    each time."""
+
+    def __init__(self, dead_after_s: float, ttl_s: float):
+        self.dead_after_s = dead_after_s
+        self.ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._read: tuple[float, dict[str, int]] | None = None  # (when, what), shared: read only
+
+    def get(self, conn: sa.Connection) -> dict[str, int]:
+        now = time.monotonic()
+        with self._lock:
+            if self._read is not None and now - self._read[0] < self.ttl_s:
+                return self._read[1]
+        live = live_workers(conn, dead_after_s=self.dead_after_s)
+        with self._lock:
+            self._read = (now, live)
+        return live
 
 
 def _live_workers(

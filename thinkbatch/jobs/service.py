@@ -44,6 +44,7 @@ from thinkbatch.jobs import stats
 from thinkbatch.jobs.context import for_model
 from thinkbatch.jobs.create import RefusedItem
 from thinkbatch.jobs.fleet import Fleet
+from thinkbatch.jobs.fleet import LiveWorkers
 from thinkbatch.jobs.fleet import ModelLoad
 from thinkbatch.jobs.fleet import live_workers
 from thinkbatch.jobs.fleet import parents as fleet_parents
@@ -102,6 +103,11 @@ class JobService:
         # The same pool, each statement its own transaction: a poll's reads then cost no BEGIN
         # and no ROLLBACK round trip, only their own.
         self.reads = engine.execution_options(isolation_level="AUTOCOMMIT")
+        # Who serves which model, for polls: at most half a heartbeat old, and never older than
+        # a second (fleet.LiveWorkers).
+        self.live = LiveWorkers(
+            settings.worker_dead_after_s, ttl_s=min(1.0, settings.heartbeat_s / 2)
+        )
 
     # --- submit ------------------------------------------------------------------------------
 
@@ -416,7 +422,7 @@ class JobService:
         job = read.job_record(conn, caller, job_id)
         waiting: list[str] = []
         if job.pending > 0:
-            live = live_workers(conn, dead_after_s=self.settings.worker_dead_after_s)
+            live = self.live.get(conn)
             waiting = read.waiting_for(conn, job, live)
         return read.job_out(job, stats.job_stats(conn, job), waiting)
 
@@ -436,7 +442,7 @@ class JobService:
     def page(self, caller: Caller, *, after: uuid.UUID | None, limit: int) -> JobPage:
         jobs, more = self.list_jobs(caller, after=after, limit=limit)
         with self.engine.connect() as conn:
-            live = live_workers(conn, dead_after_s=self.settings.worker_dead_after_s)
+            live = self.live.get(conn)
             waiting = [read.waiting_for(conn, job, live) for job in jobs]
         return read.job_page(jobs, more, waiting)
 
