@@ -366,7 +366,10 @@ class Settings(BaseSettings):
         "is then the tenant 'default'.",
     )
     auth_failures_per_minute: int = Field(
-        20, ge=1, description="Failed authentications per client address per minute before 429."
+        20,
+        ge=1,
+        description="Failed authentications per client address per minute before 429 (each "
+        "API process may let one more attempt through before it sees another's count).",
     )
     tenant_max_unfinished_items: int = Field(
         1_000_000,
