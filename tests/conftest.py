@@ -54,8 +54,10 @@ if _XDIST_WORKER:
         _url = urlsplit(_redis)
         _base = int(_url.path.strip("/") or 0)
         _own = [(_base + 1 + k) % 16 for k in range(_count)]  # Redis has databases 0-15
-        os.environ["TEST_REDIS_URL"] = _url._replace(path=f"/{_own[_n]}").geturl()
-        REDIS_DATABASES.share(_n, _count, _own)
+        # A worker that replaces a crashed one (gw2 of two) takes the slot it fills.
+        _slot = _n % _count
+        os.environ["TEST_REDIS_URL"] = _url._replace(path=f"/{_own[_slot]}").geturl()
+        REDIS_DATABASES.share(_slot, _count, [_base, *_own])
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -64,6 +66,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         reports.collect(workeroutput)
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown without xdist
 def pytest_testnodedown(node: Any, error: object) -> None:
     reports.receive(getattr(node, "workeroutput", {}))
 

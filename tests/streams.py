@@ -65,6 +65,9 @@ def _wanted(config: pytest.Config) -> bool:
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     if _wanted(config) and not hasattr(config, "workerinput"):
+        workers = config.getoption("numprocesses")
+        if workers != 2:  # more would run the waiting tests beside each other, on 2 cores
+            raise pytest.UsageError(f"--streams shares two cores: use -n 2, not -n {workers}")
         config.stash[_FOLDER] = Path(tempfile.mkdtemp(prefix="thinkbatch-streams-"))
 
 
@@ -74,6 +77,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown without xdist
 def pytest_configure_node(node: Any) -> None:
     folder = node.config.stash.get(_FOLDER, None)
     if folder is not None:
@@ -114,10 +118,8 @@ class StreamScheduling(LoadScopeScheduling):
         return self._units[nodeid]
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> StreamScheduling | None:
     if config.stash.get(_FOLDER, None) is None:
         return None
-    workers = int(config.getoption("numprocesses") or 0)
-    if workers != 2:  # more would run the waiting tests beside each other, on 2 cores
-        raise pytest.UsageError(f"--streams shares two cores: use -n 2, not -n {workers}")
     return StreamScheduling(config, log)

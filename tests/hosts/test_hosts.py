@@ -156,6 +156,7 @@ def test_redis_lost_from_one_host(lab: Lab) -> None:
         REPORTS[-1].note = f"h1 stored {took} of {done['counts']['total']}"
 
 
+@pytest.mark.engine  # its h1 runs vLLM: in the engine's unit (tests/streams.py)
 def test_postgres_lost_from_one_host_running_vllm(lab: Lab) -> None:
     # The one scenario on the real engine: h1 runs vLLM (CPU, the demo model), which computes
     # on while its host cannot reach PostgreSQL, and goes on to the next job once it can.
