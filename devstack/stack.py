@@ -154,7 +154,8 @@ class Stack:
         else:
             assert port is not None
             wait_for_port(port, timeout=60)
-        _wait_all_serving(proc, timeout=60)
+        expected = workers if workers is not None else child_settings(self.env).api_workers
+        _wait_all_serving(proc, expected, timeout=60)
         return proc
 
     def start_worker(
@@ -308,19 +309,16 @@ def _kill_all(procs: list[psutil.Process]) -> None:
 _SERVING = "ASGI server listening on"
 
 
-def _wait_all_serving(proc: Proc, timeout: float) -> None:
-    """Until every gunicorn worker serves, not only the first one the socket answered from. A
-    stop (SIGTERM) that reaches a worker of gunicorn 27's asyncio worker class while it is still
-    booting has been seen lost: that worker then served on, and the master's shutdown waited out
-    its graceful_timeout (30 s) before killing it. A stack stopped right after its start, as a
-    short test does, would pay that wait."""
+def _wait_all_serving(proc: Proc, workers: int, timeout: float) -> None:
+    """Until each of the `workers` gunicorn workers serves, not only the first one the socket
+    answered from. A stop (SIGTERM) that reaches a worker of gunicorn 27's asyncio worker class
+    while it is still booting has been seen lost: that worker then served on, and the master's
+    shutdown waited out its graceful_timeout (30 s) before killing it. A stack stopped right
+    after its start, as a short test does, would pay that wait."""
     deadline = time.monotonic() + timeout
-    while True:
+    while proc.log_text().count(_SERVING) < workers:
         if not proc.alive():
             raise RuntimeError(f"{proc.name} exited:\n{proc.log_text()[-3000:]}")
-        workers = len(psutil.Process(proc.pid).children())
-        if workers and proc.log_text().count(_SERVING) >= workers:
-            return
         if time.monotonic() > deadline:
             raise RuntimeError(f"{proc.name}: not every worker serves:\n{proc.log_text()[-3000:]}")
         time.sleep(0.05)
