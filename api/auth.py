@@ -94,16 +94,19 @@ class FailureLimiter:
 
     Most callers never fail, and asking Redis on each of their requests was a round trip per
     poll. So each process remembers the addresses Redis showed with no failure in the current
-    minute (`_clean`, bounded) and asks again only after a failure of its own from that address
-    or in the next minute. A failure counted by another process is seen here at this address's
-    next failure: per minute, an address gets at most the limit plus one failed attempt per API
-    process (tests/api/test_auth.py)."""
+    minute (`_seen`, bounded) and asks again only after a failure of its own from that address
+    (then for the rest of the minute) or in the next minute. A failure counted by another
+    process is seen here at this address's next failure: per minute, an address gets at most
+    the limit plus, per API process, one more failed attempt, or as many as that process was
+    already serving for it at once (as before, since a check and its count are two steps)
+    (tests/api/test_auth.py)."""
 
     def __init__(self, client: redis.Redis, limit: int, remembered: int = CLEAN_ADDRESSES):
         self.client = client
         self.limit = limit
         self.remembered = remembered
-        self._clean: OrderedDict[str, int] = OrderedDict()  # address -> minute seen clean
+        # address -> the minute it was seen clean, or minus the minute it failed here
+        self._seen: OrderedDict[str, int] = OrderedDict()
         self._lock = threading.Lock()
 
     def _key(self, address: str) -> tuple[str, int, int]:
@@ -115,7 +118,7 @@ class FailureLimiter:
     def check(self, address: str) -> None:
         key, window, retry = self._key(address)
         with self._lock:
-            if self._clean.get(address) == window:
+            if self._seen.get(address) == window:
                 return
         try:
             count = int(self.client.get(key) or 0)
@@ -125,16 +128,12 @@ class FailureLimiter:
         if count >= self.limit:
             raise TooManyFailures(retry)
         if count == 0:
-            with self._lock:
-                self._clean[address] = window
-                self._clean.move_to_end(address)
-                while len(self._clean) > self.remembered:
-                    self._clean.popitem(last=False)
+            # Not if it failed here meanwhile: a read from before that failure is stale.
+            self._remember(address, window, unless=-window)
 
     def failed(self, address: str) -> None:
-        key, _, _ = self._key(address)
-        with self._lock:
-            self._clean.pop(address, None)
+        key, window, _ = self._key(address)
+        self._remember(address, -window)
         try:
             with self.client.pipeline() as pipe:
                 pipe.incr(key)
@@ -142,6 +141,15 @@ class FailureLimiter:
                 pipe.execute()
         except redis.RedisError:
             log.warning("auth failure counter unavailable (Redis); not counting")
+
+    def _remember(self, address: str, mark: int, unless: int | None = None) -> None:
+        with self._lock:
+            if unless is not None and self._seen.get(address) == unless:
+                return
+            self._seen[address] = mark
+            self._seen.move_to_end(address)
+            while len(self._seen) > self.remembered:
+                self._seen.popitem(last=False)
 
 
 def _bearer() -> str:

@@ -369,7 +369,8 @@ class Settings(BaseSettings):
         20,
         ge=1,
         description="Failed authentications per client address per minute before 429 (each "
-        "API process may let one more attempt through before it sees another's count).",
+        "API process may let one more attempt through, or as many as it serves at once, before "
+        "it sees another's count).",
     )
     tenant_max_unfinished_items: int = Field(
         1_000_000,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable
 
@@ -17,6 +18,8 @@ from flask.testing import FlaskClient
 from sqlalchemy import orm
 from werkzeug.routing import Rule
 
+from api.auth import FailureLimiter
+from api.auth import TooManyFailures
 from tests.helpers import keyed_client
 from tests.helpers import make_key
 from thinkbatch.keys import revoke_key
@@ -146,9 +149,17 @@ def test_another_tenants_job_is_not_found_by_any_route(
     assert client.get(f"/v1/jobs/{job_id}").json["status"] == "queued"
 
 
+def _early_in_a_minute() -> None:
+    """The failure counts are per minute: a test that counts them starts early in one."""
+    left = 60 - time.time() % 60
+    if left < 10:
+        time.sleep(left + 0.1)
+
+
 def test_failed_attempts_are_rate_limited_per_address(
     make_app: Callable[..., Flask], db: sa.Engine
 ) -> None:
+    _early_in_a_minute()
     app = make_app(auth_failures_per_minute=3)
     good = keyed_client(app, make_key(db, "acme"))
     bad = keyed_client(app, "tb_00000000_" + "B" * 43)
@@ -172,6 +183,7 @@ def test_each_process_adds_at_most_one_failed_attempt_to_the_limit(
     """Two apps on one Redis are two API processes. A process that saw an address clean
     skips the counter for it until a failure of its own, so failures counted elsewhere reach
     it one attempt late: at most the limit plus one attempt per process, never more."""
+    _early_in_a_minute()
     first, second = make_app(auth_failures_per_minute=3), make_app(auth_failures_per_minute=3)
     key = make_key(db, "acme")
     assert keyed_client(first, key).get("/v1/jobs").status_code == 200  # seen clean in first
@@ -188,6 +200,23 @@ def test_each_process_adds_at_most_one_failed_attempt_to_the_limit(
     with redis.Redis.from_url(settings.require_redis_url()) as client:
         counted = [int(client.get(k) or 0) for k in client.keys("thinkbatch:auth-failures:*")]
     assert counted == [4]  # 3 + 1: every failed attempt that reached a key lookup
+
+
+def test_after_a_failure_of_its_own_a_process_asks_redis_for_the_rest_of_the_minute(
+    settings: Settings,
+) -> None:
+    _early_in_a_minute()
+    with redis.Redis.from_url(settings.require_redis_url()) as client:
+        client.flushdb()
+        limiter = FailureLimiter(client, limit=3)
+        limiter.check("10.0.0.1")  # clean: remembered
+        limiter.failed("10.0.0.1")
+        (counter,) = client.keys("thinkbatch:auth-failures:10.0.0.1:*")
+        client.delete(counter)  # as a read from before that failure would see it
+        limiter.check("10.0.0.1")  # reads 0, yet does not remember the address clean
+        client.set(counter, 3)  # other processes' failures
+        with pytest.raises(TooManyFailures):
+            limiter.check("10.0.0.1")
 
 
 def test_no_key_reaches_the_logs(
