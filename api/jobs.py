@@ -137,6 +137,7 @@ def items(job_id: str) -> dict[str, object]:
         after=params.after(),
         limit=params.limit(),
         include_thinking=params.include_thinking(),
+        conn=request_connection(),
     )
     return page.model_dump(mode="json")
 

@@ -1,8 +1,9 @@
-"""The API's own CPU per status call, in-process (`python -m bench.poll_cpu`): the Flask app
-over embedded PostgreSQL and Redis, polled through Flask's test client, so that no HTTP server
-or client enters the figure. What a poll costs the app itself (authentication, the failed-auth
+"""The API's own CPU per read, in-process (`python -m bench.poll_cpu`): the Flask app over
+embedded PostgreSQL and Redis, called through Flask's test client, so that no HTTP server or
+client enters the figures. A status call of a queued job (authentication, the failed-auth
 limiter, the job read, the live workers while the job has pending items, serialization, access
-log and metrics); `make bench-scale` times the same call over HTTP.
+log and metrics) and an items page of 100 finished items; `make bench-scale` times the same
+calls over HTTP.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 from api import create_app
+from bench.scale import fill_results
 from devstack import local_stack
 from thinkbatch.keys import issue_key
 
@@ -35,23 +37,34 @@ def main() -> int:
         items = [{"custom_id": f"r{k}", "prompt": f"question {k}"} for k in range(args.items)]
         created = client.post("/v1/jobs", json={"items": items})
         assert created.status_code == 201 and created.json is not None, created.text
-        path = f"/v1/jobs/{created.json['id']}"  # queued: it has pending items, no worker
-        for _ in range(100):  # warm: statement caches, the pool, the stats cache
-            client.get(path)
-        rounds = []
-        for _ in range(args.rounds):
-            cpu = time.process_time()
-            for _ in range(args.calls):
-                assert client.get(path).status_code == 200
-            rounds.append((time.process_time() - cpu) * 1000 / args.calls)
+        status = f"/v1/jobs/{created.json['id']}"  # queued: it has pending items, no worker
+        done = client.post("/v1/jobs", json={"items": items})
+        assert done.status_code == 201 and done.json is not None, done.text
+        fill_results(settings.require_database_url(), done.json["id"])
+        page = f"/v1/jobs/{done.json['id']}/items?limit=100"
+        figures = {}
+        for name, path, calls in (("status", status, args.calls), ("page", page, args.calls // 4)):
+            for _ in range(100):  # warm: statement caches, the pool, the stats cache
+                client.get(path)
+            rounds = []
+            for _ in range(args.rounds):
+                cpu = time.process_time()
+                for _ in range(calls):
+                    assert client.get(path).status_code == 200
+                rounds.append((time.process_time() - cpu) * 1000 / calls)
+            figures[name] = (rounds, calls)
         services = app.extensions["thinkbatch"]  # closed before the servers stop
         services.engine.dispose()
         services.celery.close()
-    print(
-        f"status call of a queued {args.items}-item job, in-process: "
-        f"{statistics.median(rounds):.3f} ms of CPU per call (median of {args.rounds} rounds of "
-        f"{args.calls}: {' '.join(f'{r:.3f}' for r in rounds)})"
-    )
+    for name, what in (
+        ("status", f"status call of a queued {args.items}-item job"),
+        ("page", "items page of 100 finished items"),
+    ):
+        rounds, calls = figures[name]
+        print(
+            f"{what}, in-process: {statistics.median(rounds):.3f} ms of CPU per call (median of "
+            f"{args.rounds} rounds of {calls}: {' '.join(f'{r:.3f}' for r in rounds)})"
+        )
     return 0
 
 

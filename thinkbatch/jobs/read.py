@@ -225,8 +225,17 @@ def job_page(jobs: list[Job], has_more: bool, waiting: list[list[str]] | None = 
     )
 
 
+# Whether the caller owns the job, by one statement built once (a page needs no more of it).
+_OWNED = sa.select(sa.literal(1)).where(
+    Job.id == sa.bindparam("job_id"), Job.tenant == sa.bindparam("tenant")
+)
+_SEQ_OF = sa.select(Item.seq).where(
+    Item.job_id == sa.bindparam("job_id"), Item.custom_id == sa.bindparam("custom_id")
+)
+
+
 def items_page(
-    session: orm.Session,
+    conn: sa.Connection,
     caller: Caller,
     job_id: uuid.UUID,
     *,
@@ -235,16 +244,18 @@ def items_page(
     limit: int,
     include_thinking: bool = True,
 ) -> ItemPage:
-    get_job(session, caller, job_id)
+    """A page of the caller's job's item records. Plain statements, each its own snapshot on
+    an autocommit connection (JobService.reads): a job's owner, its items' custom ids and
+    their order never change, so the page needs no transaction around them."""
+    if conn.execute(_OWNED, {"job_id": job_id, "tenant": caller.tenant}).first() is None:
+        raise NotFound(str(job_id))
     select = results.query(job_id, status=status, include_thinking=include_thinking)
     if after:
-        seq = session.scalar(
-            sa.select(Item.seq).where(Item.job_id == job_id, Item.custom_id == after)
-        )
+        seq = conn.execute(_SEQ_OF, {"job_id": job_id, "custom_id": after}).scalar()
         if seq is None:
             raise InputError(f"after: no item with custom_id {after!r}", param="after")
         select = select.where(Item.seq > seq)
-    rows = [results.row(r) for r in session.execute(select.limit(limit + 1))]
+    rows = [results.row(r) for r in conn.execute(select.limit(limit + 1))]
     page = rows[:limit]
     return ItemPage(
         data=[r.item_out() for r in page],

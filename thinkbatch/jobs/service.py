@@ -455,17 +455,29 @@ class JobService:
         after: str | None = None,
         limit: int = 100,
         include_thinking: bool = True,
+        conn: sa.Connection | None = None,
     ) -> ItemPage:
-        with self.sessions() as session:
-            return read.items_page(
-                session,
-                caller,
-                job_id,
-                status=status,
-                after=after,
-                limit=limit,
-                include_thinking=include_thinking,
-            )
+        """`conn`: a connection of `reads` the caller already holds (as for `status`)."""
+        if conn is None:
+            with self.reads.connect() as own:
+                return self.items(
+                    caller,
+                    job_id,
+                    status=status,
+                    after=after,
+                    limit=limit,
+                    include_thinking=include_thinking,
+                    conn=own,
+                )
+        return read.items_page(
+            conn,
+            caller,
+            job_id,
+            status=status,
+            after=after,
+            limit=limit,
+            include_thinking=include_thinking,
+        )
 
     def results(
         self,
