@@ -250,12 +250,28 @@ def items_page(
     if conn.execute(_OWNED, {"job_id": job_id, "tenant": caller.tenant}).first() is None:
         raise NotFound(str(job_id))
     select = results.query(job_id, status=status, include_thinking=include_thinking)
+    start = -1  # the seq the page starts after
     if after:
         seq = conn.execute(_SEQ_OF, {"job_id": job_id, "custom_id": after}).scalar()
         if seq is None:
             raise InputError(f"after: no item with custom_id {after!r}", param="after")
-        select = select.where(Item.seq > seq)
-    rows = [results.row(r) for r in conn.execute(select.limit(limit + 1))]
+        start = seq
+    select = select.where(Item.seq > start)
+    if status is None:
+        # A job's items take the places 0, 1, 2, ... of its submission, so the next page of
+        # them lies in the next limit + 1 places: ask for those (with the LIMIT as well, which
+        # keeps the plan to index lookups of those rows). Asked for the rest of the job in
+        # order, the planner, which takes a job its statistics have not seen (the one just
+        # submitted, among smaller ones) for a single row, read and sorted the whole job for
+        # each page: 26 ms against 0.2 ms for a page of a 20,000-item job here. Were places
+        # ever missing, what the window lacks is asked for after it.
+        end = start + limit + 1
+        found = list(conn.execute(select.where(Item.seq <= end).limit(limit + 1)))
+        if len(found) < limit + 1:
+            found += conn.execute(select.where(Item.seq > end).limit(limit + 1 - len(found)))
+    else:
+        found = list(conn.execute(select.limit(limit + 1)))
+    rows = [results.row(r) for r in found]
     page = rows[:limit]
     return ItemPage(
         data=[r.item_out() for r in page],
