@@ -462,6 +462,13 @@ class Settings(BaseSettings):
         "thread, so that it never delays the other items' way to the engine.",
     )
     db_pool_size: int = Field(5, ge=1, description="SQLAlchemy pool size per process.")
+    analyze_after_items: int = Field(
+        10_000,
+        ge=0,
+        description="A job of at least this many items has the items table's planner "
+        "statistics refreshed (ANALYZE) once it is stored, so that its pages are planned as the "
+        "large job it is (0: never; autovacuum alone may take minutes to notice).",
+    )
 
     # --- operations: metrics and logs ------------------------------------------------------
     worker_metrics_port: int = Field(

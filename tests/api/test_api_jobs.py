@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
+from flask import Flask
 from flask.testing import FlaskClient
 
+from tests.helpers import TENANT
 from tests.helpers import check_invariants
+from tests.helpers import keyed_client
+from tests.helpers import make_key
 
 JOB_KEYS = ["id", "status", "model", "priority", "created_at", "started_at", "finished_at",
             "expires_at", "counts", "usage", "metadata", "error", "stats",
@@ -53,6 +59,57 @@ def test_items_pages_in_submission_order(client: FlaskClient, db: sa.Engine) -> 
     pending = client.get(f"/v1/jobs/{job['id']}/items?status=pending&limit=1000").json
     assert len(pending["data"]) == 25 and not pending["has_more"]
     assert client.get(f"/v1/jobs/{job['id']}/items?status=succeeded").json["data"] == []
+
+
+def test_pages_hold_every_item_once_in_order_wherever_their_places_lie(
+    client: FlaskClient, db: sa.Engine
+) -> None:
+    """A page asks for the places after the last one first (thinkbatch/jobs/read.py); items
+    whose places leave gaps are still all paged, once each, in order."""
+    job = submit(client, 40)
+    with db.begin() as conn:  # places 0, 3, 6, ...: every window of a page misses some
+        conn.execute(
+            sa.text("UPDATE items SET seq = seq * 3 + 100000 WHERE job_id = :id"), {"id": job["id"]}
+        )
+        conn.execute(
+            sa.text("UPDATE items SET seq = seq - 100000 WHERE job_id = :id"), {"id": job["id"]}
+        )
+    for limit in (1, 7, 10, 39, 40, 41):
+        seen: list[str] = []
+        after = None
+        while True:
+            query = f"?limit={limit}" + (f"&after={after}" if after else "")
+            page = client.get(f"/v1/jobs/{job['id']}/items{query}").json
+            assert len(page["data"]) <= limit
+            seen += [item["custom_id"] for item in page["data"]]
+            if not page["has_more"]:
+                break
+            after = page["last_id"]
+        assert seen == [f"c{k}" for k in range(40)], limit
+
+
+def _planned_rows(db: sa.Engine, job_id: str) -> int:
+    with db.connect() as conn:
+        plan = conn.execute(
+            sa.text("EXPLAIN (FORMAT JSON) SELECT * FROM items WHERE job_id = :id"), {"id": job_id}
+        ).scalar_one()
+    return int(plan[0]["Plan"]["Plan Rows"])
+
+
+@pytest.mark.parametrize("threshold", [300, 0])
+def test_a_large_job_is_planned_as_one_once_stored(
+    make_app: Callable[..., Flask], db: sa.Engine, threshold: int
+) -> None:
+    """Statistics that have seen only small jobs take a new job for one row (every job is
+    among their common values); a submit of ANALYZE_AFTER_ITEMS items or more refreshes them."""
+    client = keyed_client(make_app(analyze_after_items=threshold), make_key(db, TENANT))
+    for _ in range(20):
+        submit(client, 3)
+    with db.begin() as conn:
+        conn.execute(sa.text("ANALYZE items"))
+    big = submit(client, 300)
+    planned = _planned_rows(db, big["id"])
+    assert planned >= 200 if threshold else planned == 1, planned
 
 
 def test_results_stream_matches_items(client: FlaskClient, db: sa.Engine) -> None:

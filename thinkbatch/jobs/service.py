@@ -293,6 +293,8 @@ class JobService:
             )
             if runnable == 0:  # every item refused: nothing for a worker, it ends now
                 ledger.finalize_jobs(conn, [job.id])
+        if 0 < settings.analyze_after_items <= rows.count:
+            ledger.analyze_items(self.engine)
         if runnable > 0:
             by_model = dict(rows.by_model)
             if rows.job_model_items:

@@ -66,6 +66,7 @@ from thinkbatch.ledger.statuses import UNFINISHED
 from thinkbatch.ledger.statuses import UNFINISHED_SQL
 from thinkbatch.ledger.statuses import sql_in
 from thinkbatch.ledger.submits import NewJob
+from thinkbatch.ledger.submits import analyze_items
 from thinkbatch.ledger.submits import copy_items
 from thinkbatch.ledger.submits import find_by_key
 from thinkbatch.ledger.submits import insert_job
@@ -80,6 +81,7 @@ from thinkbatch.ledger.workers import register_worker
 from thinkbatch.ledger.workers import stop_silent_workers
 
 __all__ = [
+    "analyze_items",
     "RUNNABLE",
     "RUNNABLE_SQL",
     "UNFINISHED",
