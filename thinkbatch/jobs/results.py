@@ -19,9 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from thinkbatch.jobs.wire import ChoiceOut
-from thinkbatch.jobs.wire import ErrorInfo
 from thinkbatch.jobs.wire import ItemOut
-from thinkbatch.jobs.wire import Usage
 from thinkbatch.models import Item
 from thinkbatch.models import ItemResult
 from thinkbatch.models import ItemStatus
@@ -72,37 +70,40 @@ class ResultRow:
         choices = [choice_out(i, c, self.thinking is not None)
                    for i, c in enumerate(self.all_choices())] if self.choices else None  # fmt: skip
         first = choices[0] if choices else None
-        # Built without validation: every value is a column of the right type already, and a
-        # 100,000-line download built each record twice over (validated, then serialized).
-        return ItemOut.model_construct(
-            custom_id=self.custom_id,
-            model=self.model,
-            status=self.status,
-            thinking=self.thinking,
-            answer=first.answer if first else self.answer,
-            answer_json=first.answer_json if first else None,
-            tool_calls=first.tool_calls if first else None,
-            logprobs=first.logprobs if first else None,
-            choices=choices if choices and len(choices) > 1 else None,
-            finish_reason=first.finish_reason if first else self.finish_reason,
-            thinking_truncated=self.thinking_truncated,
-            usage=(
-                Usage.model_construct(
-                    prompt_tokens=self.prompt_tokens or 0,
-                    completion_tokens=self.completion_tokens or 0,
-                    reasoning_tokens=self.reasoning_tokens or 0,
-                )
-                if self.finish_reason is not None
-                else None
-            ),
-            attempts=self.attempts,
-            error=(
-                ErrorInfo.model_construct(code=self.error_code, message=self.error_message or "")
-                if self.error_code and self.status != ItemStatus.succeeded
-                else None
-            ),
-            started_at=self.started_at,
-            finished_at=self.finished_at,
+        # Built by pydantic's validator, in Rust: for these values (columns of the right types
+        # already, the choices models already) it takes 2.0 us a record here, where
+        # model_construct, in Python, took 5.6 and half of a results download's CPU.
+        return ItemOut.model_validate(
+            {
+                "custom_id": self.custom_id,
+                "model": self.model,
+                "status": self.status,
+                "thinking": self.thinking,
+                "answer": first.answer if first else self.answer,
+                "answer_json": first.answer_json if first else None,
+                "tool_calls": first.tool_calls if first else None,
+                "logprobs": first.logprobs if first else None,
+                "choices": choices if choices and len(choices) > 1 else None,
+                "finish_reason": first.finish_reason if first else self.finish_reason,
+                "thinking_truncated": self.thinking_truncated,
+                "usage": (
+                    {
+                        "prompt_tokens": self.prompt_tokens or 0,
+                        "completion_tokens": self.completion_tokens or 0,
+                        "reasoning_tokens": self.reasoning_tokens or 0,
+                    }
+                    if self.finish_reason is not None
+                    else None
+                ),
+                "attempts": self.attempts,
+                "error": (
+                    {"code": self.error_code, "message": self.error_message or ""}
+                    if self.error_code and self.status != ItemStatus.succeeded
+                    else None
+                ),
+                "started_at": self.started_at,
+                "finished_at": self.finished_at,
+            }
         )
 
 
