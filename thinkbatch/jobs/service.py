@@ -13,6 +13,7 @@ with another request is a 400. A submission's writes go through the ledger, like
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import uuid
 from collections.abc import Callable
@@ -460,26 +461,16 @@ class JobService:
         conn: sa.Connection | None = None,
     ) -> ItemPage:
         """`conn`: a connection of `reads` the caller already holds (as for `status`)."""
-        if conn is None:
-            with self.reads.connect() as own:
-                return self.items(
-                    caller,
-                    job_id,
-                    status=status,
-                    after=after,
-                    limit=limit,
-                    include_thinking=include_thinking,
-                    conn=own,
-                )
-        return read.items_page(
-            conn,
-            caller,
-            job_id,
-            status=status,
-            after=after,
-            limit=limit,
-            include_thinking=include_thinking,
-        )
+        with self.reads.connect() if conn is None else contextlib.nullcontext(conn) as reads:
+            return read.items_page(
+                reads,
+                caller,
+                job_id,
+                status=status,
+                after=after,
+                limit=limit,
+                include_thinking=include_thinking,
+            )
 
     def results(
         self,
