@@ -154,9 +154,16 @@ class Stack:
         else:
             assert port is not None
             wait_for_port(port, timeout=60)
-        expected = workers if workers is not None else child_settings(self.env).api_workers
-        _wait_all_serving(proc, expected, timeout=60)
+        _wait_all_serving(proc, workers or self._api_workers(), timeout=60)
         return proc
+
+    def _api_workers(self) -> int:
+        """The API_WORKERS gunicorn.conf.py gives the API: this stack's environment's, or
+        the setting's default (read alone: child_settings cannot parse the JSON-valued
+        settings a stack may carry, such as SERVED_MODELS)."""
+        name = f"{ENV_PREFIX}API_WORKERS"
+        raw = self.env.get(name)
+        return int(raw) if raw else int(Settings.model_fields["api_workers"].default)
 
     def start_worker(
         self, name: str = "worker", env: Mapping[str, str] | None = None, wait: bool = True
