@@ -3,7 +3,10 @@ real API. The report line per scenario is printed at the end of the run by tests
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -23,7 +26,12 @@ from thinkbatch.db import migrate
 def chaos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chaos]:
     build_demo_model()
     root = tmp_path_factory.mktemp("chaos")
-    pg = LocalPostgres(root / "pg", fast=True).start()
+    # Its data folder outside pytest's: a pytest started anywhere on the machine meanwhile (a
+    # `make check` beside `make test`) takes the other users' access to pytest's temporary
+    # root away, and this server runs as another user when the tests run as root.
+    scratch = Path(tempfile.mkdtemp(prefix="thinkbatch-chaos-"))
+    scratch.chmod(0o755)
+    pg = LocalPostgres(scratch / "pg", fast=True).start()
     redis_server = LocalRedis(root / "redis").start()
     url = pg.create_database("chaos")
     migrate(url)
@@ -39,3 +47,4 @@ def chaos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chaos]:
         db.dispose()
         redis_server.stop()
         pg.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
