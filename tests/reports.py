@@ -8,6 +8,7 @@ the end of its session (`collect`), the controller takes them in as the worker g
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -58,9 +59,15 @@ def write(line: Callable[[str], object]) -> None:
             + (f"{'fenced':>6} " if fenced else "")
             + f"{'recover_s':>9} {'finish_s':>8}"
         )
-        for r in rows:
+        for r in sorted(rows, key=_order):
             line(
                 f"{r.name:40} {r.items:>5} {r.faults:>6} {r.lost:>4} {r.duplicated:>4} "
                 + (f"{r.fenced:>6} " if fenced else "")
                 + f"{r.recover_s:>9.1f} {r.finish_s:>8.1f}  {r.note}"
             )
+
+
+def _order(report: Any) -> tuple[int, str]:
+    """By scenario number (`2b.` after `2.`), whichever worker ran it first."""
+    number = re.match(r"\d+", report.name)
+    return (int(number.group()) if number else 0, report.name)
