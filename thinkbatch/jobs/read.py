@@ -225,10 +225,6 @@ def job_page(jobs: list[Job], has_more: bool, waiting: list[list[str]] | None = 
     )
 
 
-# Whether the caller owns the job, by one statement built once (a page needs no more of it).
-_OWNED = sa.select(sa.literal(1)).where(
-    Job.id == sa.bindparam("job_id"), Job.tenant == sa.bindparam("tenant")
-)
 _SEQ_OF = sa.select(Item.seq).where(
     Item.job_id == sa.bindparam("job_id"), Item.custom_id == sa.bindparam("custom_id")
 )
@@ -247,8 +243,7 @@ def items_page(
     """A page of the caller's job's item records. Plain statements, each its own snapshot on
     an autocommit connection (JobService.reads): a job's owner, its items' custom ids and
     their order never change, so the page needs no transaction around them."""
-    if conn.execute(_OWNED, {"job_id": job_id, "tenant": caller.tenant}).first() is None:
-        raise NotFound(str(job_id))
+    job_record(conn, caller, job_id)  # the caller's, or NotFound
     select = results.query(job_id, status=status, include_thinking=include_thinking)
     start = -1  # the seq the page starts after
     if after:
