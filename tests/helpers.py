@@ -27,6 +27,7 @@ from devstack.audit import lost_and_duplicated  # noqa: F401 - the tiers import 
 from thinkbatch.jobs import JobService
 from thinkbatch.keys import Caller
 from thinkbatch.keys import create_key
+from thinkbatch.models import Job
 from thinkbatch.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,14 +161,33 @@ def seed_job(
 
 
 # A job's row with its pending and running counts, as the API shows them (models.Job).
+# Its writers' deltas not yet folded into the row count too (ledger/counts.py).
+_COUNTED = {"unfinished", "succeeded", "failed", "cancelled", "expired"} | {
+    f"{kind}_tokens" for kind in ("prompt", "completion", "reasoning")
+}
 JOB_ROW = sa.text(
-    """
-    SELECT jobs.*, unfinished - r.n AS pending, r.n AS running
+    f"""
+    SELECT {", ".join(f"jobs.{c.name}" for c in Job.__table__.columns if c.name not in _COUNTED)},
+           jobs.unfinished - d.ended AS unfinished, jobs.unfinished - d.ended - r.n AS pending,
+           r.n AS running, jobs.succeeded + d.succeeded AS succeeded,
+           jobs.failed + d.failed AS failed, jobs.cancelled + d.cancelled AS cancelled,
+           jobs.expired + d.expired AS expired,
+           jobs.prompt_tokens + d.prompt_tokens AS prompt_tokens,
+           jobs.completion_tokens + d.completion_tokens AS completion_tokens,
+           jobs.reasoning_tokens + d.reasoning_tokens AS reasoning_tokens
     FROM jobs, LATERAL (
         SELECT count(*) AS n FROM items WHERE items.job_id = jobs.id AND items.status = 'running'
-    ) AS r
-    WHERE id = :id
-    """
+    ) AS r, LATERAL (
+        SELECT coalesce(sum(succeeded + failed + cancelled + expired), 0) AS ended,
+               coalesce(sum(succeeded), 0) AS succeeded, coalesce(sum(failed), 0) AS failed,
+               coalesce(sum(cancelled), 0) AS cancelled, coalesce(sum(expired), 0) AS expired,
+               coalesce(sum(prompt_tokens), 0) AS prompt_tokens,
+               coalesce(sum(completion_tokens), 0) AS completion_tokens,
+               coalesce(sum(reasoning_tokens), 0) AS reasoning_tokens
+        FROM job_count_deltas WHERE job_id = jobs.id
+    ) AS d
+    WHERE jobs.id = :id
+    """  # noqa: S608 - the names are the model's columns
 )
 
 

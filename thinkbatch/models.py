@@ -91,6 +91,38 @@ def _utcnow() -> datetime:
 _ITEMS = sa.table("items", sa.column("job_id"), sa.column("status"))
 
 
+# A worker's stores add to a job's counts in its own row of job_count_deltas (ledger/counts.py);
+# the job's row takes the sums when the job is finalized and on each pass of the sweeper.
+_DELTAS = sa.table(
+    "job_count_deltas",
+    sa.column("job_id"),
+    *(sa.column(name) for name in ("succeeded", "failed", "cancelled", "expired")),
+    *(sa.column(name) for name in ("prompt_tokens", "completion_tokens", "reasoning_tokens")),
+)
+
+
+def _with_deltas(
+    job_id: Any, folded_unfinished: Any, stored: Any, delta: Any, *, subtract: bool = False
+) -> sa.ColumnElement[int]:
+    """A count as read: the job's row (`stored`) plus the sum of its writers' `delta`s. A job
+    whose row holds nothing unfinished has no deltas (each counts items that its row still
+    holds unfinished), and they are not looked up."""
+    added = (
+        sa.select(sa.func.coalesce(sa.func.sum(delta), 0))
+        .where(_DELTAS.c.job_id == job_id)
+        .scalar_subquery()
+    )
+    return sa.case(
+        (folded_unfinished == 0, stored), else_=stored - added if subtract else stored + added
+    )
+
+
+def _unfinished(job_id: Any, folded_unfinished: Any) -> sa.ColumnElement[int]:
+    """Pending and running items as read: the row's, less the items its writers ended."""
+    ended = _DELTAS.c.succeeded + _DELTAS.c.failed + _DELTAS.c.cancelled + _DELTAS.c.expired
+    return _with_deltas(job_id, folded_unfinished, folded_unfinished, ended, subtract=True)
+
+
 def _running_items(job_id: Any, unfinished: Any) -> sa.ColumnElement[int]:
     """The number of the job's running items, as a subquery of a SELECT from jobs. A job with
     nothing unfinished has none running, and is not looked up: after a big job finishes, its
@@ -139,23 +171,57 @@ class Job(Base):
 
     # Kept by the insert trigger on items and by the ledger (ledger/counts.py) alone.
     total: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
-    # Pending and running together: a claim moves items between the two and so leaves the job
-    # row alone, and does not wait for a store of the same job to commit (migration 0004).
-    unfinished: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
+    # The counts the job's row holds (`*_folded`, the columns) and the counts as read, which
+    # add its writers' deltas (job_count_deltas, migration 0009). `unfinished`: pending and
+    # running together; a claim moves items between the two and so leaves the job row alone,
+    # and does not wait for a store of the same job to commit (migration 0004).
+    unfinished_folded: orm.Mapped[int] = orm.mapped_column(
+        "unfinished", default=0, server_default="0"
+    )
+    succeeded_folded: orm.Mapped[int] = orm.mapped_column(
+        "succeeded", default=0, server_default="0"
+    )
+    failed_folded: orm.Mapped[int] = orm.mapped_column("failed", default=0, server_default="0")
+    cancelled_folded: orm.Mapped[int] = orm.mapped_column(
+        "cancelled", default=0, server_default="0"
+    )
+    expired_folded: orm.Mapped[int] = orm.mapped_column("expired", default=0, server_default="0")
+    prompt_tokens_folded: orm.Mapped[int] = orm.mapped_column(
+        "prompt_tokens", sa.BigInteger, default=0, server_default="0"
+    )
+    completion_tokens_folded: orm.Mapped[int] = orm.mapped_column(
+        "completion_tokens", sa.BigInteger, default=0, server_default="0"
+    )
+    reasoning_tokens_folded: orm.Mapped[int] = orm.mapped_column(
+        "reasoning_tokens", sa.BigInteger, default=0, server_default="0"
+    )
+    unfinished: orm.Mapped[int] = orm.column_property(_unfinished(id, unfinished_folded))
     # The split, read from the items in the same statement (one index range of the job's
     # running items, at most the workers' windows), so the two always add up to `unfinished`.
-    running: orm.Mapped[int] = orm.column_property(_running_items(id, unfinished))
-    pending: orm.Mapped[int] = orm.column_property(unfinished - _running_items(id, unfinished))
-    succeeded: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
-    failed: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
-    cancelled: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
-    expired: orm.Mapped[int] = orm.mapped_column(default=0, server_default="0")
-    prompt_tokens: orm.Mapped[int] = orm.mapped_column(sa.BigInteger, default=0, server_default="0")
-    completion_tokens: orm.Mapped[int] = orm.mapped_column(
-        sa.BigInteger, default=0, server_default="0"
+    running: orm.Mapped[int] = orm.column_property(_running_items(id, unfinished_folded))
+    pending: orm.Mapped[int] = orm.column_property(
+        _unfinished(id, unfinished_folded) - _running_items(id, unfinished_folded)
     )
-    reasoning_tokens: orm.Mapped[int] = orm.mapped_column(
-        sa.BigInteger, default=0, server_default="0"
+    succeeded: orm.Mapped[int] = orm.column_property(
+        _with_deltas(id, unfinished_folded, succeeded_folded, _DELTAS.c.succeeded)
+    )
+    failed: orm.Mapped[int] = orm.column_property(
+        _with_deltas(id, unfinished_folded, failed_folded, _DELTAS.c.failed)
+    )
+    cancelled: orm.Mapped[int] = orm.column_property(
+        _with_deltas(id, unfinished_folded, cancelled_folded, _DELTAS.c.cancelled)
+    )
+    expired: orm.Mapped[int] = orm.column_property(
+        _with_deltas(id, unfinished_folded, expired_folded, _DELTAS.c.expired)
+    )
+    prompt_tokens: orm.Mapped[int] = orm.column_property(
+        _with_deltas(id, unfinished_folded, prompt_tokens_folded, _DELTAS.c.prompt_tokens)
+    )
+    completion_tokens: orm.Mapped[int] = orm.column_property(
+        _with_deltas(id, unfinished_folded, completion_tokens_folded, _DELTAS.c.completion_tokens)
+    )
+    reasoning_tokens: orm.Mapped[int] = orm.column_property(
+        _with_deltas(id, unfinished_folded, reasoning_tokens_folded, _DELTAS.c.reasoning_tokens)
     )
 
     # A job made through the OpenAI Batch API (`endpoint` set) and what that API shows of it.
@@ -210,6 +276,25 @@ class Job(Base):
             ),
         ),
     )
+
+
+class JobCountDelta(Base):
+    """What one writer's stores added to a job's counts since the job's row last took them
+    (ledger/counts.py): a row per (job, writer), which no other writer touches."""
+
+    __tablename__ = "job_count_deltas"
+
+    job_id: orm.Mapped[uuid.UUID] = orm.mapped_column(
+        sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    writer: orm.Mapped[str] = orm.mapped_column(sa.String(128), primary_key=True)
+    succeeded: orm.Mapped[int] = orm.mapped_column(server_default="0")
+    failed: orm.Mapped[int] = orm.mapped_column(server_default="0")
+    cancelled: orm.Mapped[int] = orm.mapped_column(server_default="0")
+    expired: orm.Mapped[int] = orm.mapped_column(server_default="0")
+    prompt_tokens: orm.Mapped[int] = orm.mapped_column(sa.BigInteger, server_default="0")
+    completion_tokens: orm.Mapped[int] = orm.mapped_column(sa.BigInteger, server_default="0")
+    reasoning_tokens: orm.Mapped[int] = orm.mapped_column(sa.BigInteger, server_default="0")
 
 
 class Item(Base):

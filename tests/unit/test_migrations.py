@@ -12,6 +12,7 @@ from tests.helpers import recreate_database
 from thinkbatch import ledger
 from thinkbatch.db import migrate
 from thinkbatch.models import Base
+from thinkbatch.models import Job
 
 
 def test_upgrade_head_on_empty_database_matches_models(servers: Servers) -> None:
@@ -143,3 +144,59 @@ def test_downgrade_to_base_and_back(servers: Servers) -> None:
         assert set(sa.inspect(conn).get_table_names()) <= {"alembic_version"}
     engine.dispose()
     migrate(url)  # and up again from scratch
+
+
+def test_count_deltas_on_a_populated_database(servers: Servers) -> None:
+    """0009 gives each worker's stores delta rows of their own: a job half run before it keeps
+    its counts through the upgrade, a worker's store then adds to its deltas (the job's row
+    unchanged), reads add them; down again, the deltas are folded into the row before the
+    table goes, and the counts still equal a recount of the items."""
+    url = recreate_database(servers.postgres_admin_url, database_name("migrations"))
+    migrate(url, "0008")
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        job_id = conn.execute(
+            sa.text(
+                "INSERT INTO jobs (id, tenant, status, model, params, priority, created_at,"
+                " expires_at) VALUES (gen_random_uuid(), 't', 'running', 'm', '{}', 0, now(),"
+                " now() + interval '1 day') RETURNING id"
+            )
+        ).scalar_one()
+        conn.execute(
+            sa.text(
+                "INSERT INTO items (job_id, seq, custom_id, prompt, status, attempts,"
+                " lease_owner, lease_expires_at)"
+                " SELECT :j, k, 'c' || k, 'p', 'running', 1, 'w1', now() + interval '1 hour'"
+                " FROM generate_series(0, 5) AS k"
+            ),
+            {"j": job_id},
+        )
+        running = conn.execute(
+            sa.text("SELECT id, attempts FROM items WHERE job_id = :j ORDER BY seq"),
+            {"j": job_id},
+        ).all()
+        done = [
+            ledger.Done(row.id, job_id, row.attempts, "", "a", "stop", False, 5, 2, 1)
+            for row in running
+        ]
+        ledger.complete(conn, "w1", done[:2])  # under 0008: into the job's row
+        before = _counts(conn, job_id)
+    assert before[0] == before[1] == (6, 4, 2, 0, 0, 10, 4)
+
+    migrate(url)
+    with engine.begin() as conn:
+        assert _counts(conn, job_id) == before
+        counted = ledger.Counts()
+        assert len(ledger.complete(conn, "w1", done[2:5], counted)) == 3
+        ledger.add_counts(conn, counted, writer="w1")
+        assert _counts(conn, job_id)[0] == before[0]  # the row is left alone
+        as_read = conn.execute(
+            sa.select(Job.unfinished, Job.succeeded, Job.prompt_tokens).where(Job.id == job_id)
+        ).one()
+        assert tuple(as_read) == (1, 5, 25)
+
+    migrate(url, "0008", down=True)
+    with engine.begin() as conn:
+        kept, recounted = _counts(conn, job_id)
+    engine.dispose()
+    assert kept == recounted == (6, 1, 5, 0, 0, 25, 10)

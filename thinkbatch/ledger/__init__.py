@@ -28,6 +28,7 @@ from thinkbatch.ledger.claims import has_pending
 from thinkbatch.ledger.claims import has_suspects
 from thinkbatch.ledger.counts import Counts
 from thinkbatch.ledger.counts import add as add_counts
+from thinkbatch.ledger.counts import fold as fold_counts
 from thinkbatch.ledger.files import delete_file
 from thinkbatch.ledger.files import expire_files
 from thinkbatch.ledger.files import insert_chunk
@@ -48,6 +49,7 @@ from thinkbatch.ledger.jobs import ToDrive
 from thinkbatch.ledger.jobs import cancel_job
 from thinkbatch.ledger.jobs import expire_job
 from thinkbatch.ledger.jobs import fail_job
+from thinkbatch.ledger.jobs import finalize_if_done
 from thinkbatch.ledger.jobs import finalize_jobs
 from thinkbatch.ledger.jobs import job_to_drive
 from thinkbatch.ledger.keys import insert_key
@@ -97,6 +99,7 @@ __all__ = [
     "NewJob",
     "ToDrive",
     "add_counts",
+    "fold_counts",
     "beat",
     "cancel_job",
     "claim",
@@ -108,6 +111,7 @@ __all__ = [
     "expire_job",
     "fail",
     "fail_job",
+    "finalize_if_done",
     "finalize_jobs",
     "find_by_key",
     "has_pending",

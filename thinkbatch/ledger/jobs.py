@@ -44,11 +44,13 @@ def job_to_drive(conn: sa.Connection, job_id: uuid.UUID) -> ToDrive | None:
 
 
 def finalize_jobs(conn: sa.Connection, job_ids: Iterable[uuid.UUID] | None = None) -> int:
-    """Move jobs whose items are all terminal to their final status."""
+    """Move jobs whose items are all terminal to their final status (of `job_ids`, or every
+    job), their writers' deltas folded into their rows first (counts.fold)."""
     where = "id = ANY(:ids) AND " if job_ids is not None else ""
     params: dict[str, Any] = {"ids": sorted(set(job_ids))} if job_ids is not None else {}
     if job_ids is not None and not params["ids"]:
         return 0
+    counts.fold(conn, params.get("ids"))
     result = conn.execute(
         sa.text(
             f"""
@@ -79,6 +81,33 @@ _END_UNCLAIMABLE = sa.text(
     RETURNING i.job_id, i.status
     """
 )
+
+
+# Whether any of the jobs has nothing unfinished once its writers' deltas count (models.Job).
+_DONE_ANY = sa.text(
+    f"""
+    SELECT EXISTS (
+        SELECT 1 FROM jobs AS j
+        WHERE j.id = ANY(:ids) AND j.status IN {UNFINISHED_SQL}
+          AND j.unfinished = (
+              SELECT coalesce(sum(d.succeeded + d.failed + d.cancelled + d.expired), 0)
+              FROM job_count_deltas AS d WHERE d.job_id = j.id)
+    )
+    """  # noqa: S608 - the set is made of enum constants
+)
+
+
+def finalize_if_done(conn: sa.Connection, job_ids: Iterable[uuid.UUID]) -> int:
+    """After a writer's commit: finalize those of its jobs that have nothing unfinished left.
+
+    A store that adds to its own deltas cannot tell, in its transaction, whether another
+    writer is ending a job's last items at the same moment; each of them asks here after its
+    commit, and the later one sees both. A read decides, so a store of a job with work left
+    writes nothing more; the sweeper's pass finalizes any a writer did not live to ask for."""
+    ids = sorted(set(job_ids))
+    if not ids or not conn.execute(_DONE_ANY, {"ids": ids}).scalar():
+        return 0
+    return finalize_jobs(conn, ids)
 
 
 def _end_unclaimable(conn: sa.Connection, job_ids: Iterable[uuid.UUID]) -> None:

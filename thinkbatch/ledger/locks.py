@@ -50,14 +50,18 @@ def lock_jobs(
 
 
 # Pending is what of `unfinished` is not running; the running items are counted from their
-# index in the same statement, so the two add up (models.py, Job.running).
+# index in the same statement, so the two add up (models.py, Job.running). The items its
+# writers ended since the job's row last took their deltas (ledger/counts.py) count as done.
 _JOB_STATE = sa.text(
     """
-    SELECT id, status, expires_at <= now() AS expired, unfinished - r.n AS pending,
-           r.n AS running, total, succeeded + failed + cancelled + expired AS done
+    SELECT id, status, expires_at <= now() AS expired, unfinished - e.n - r.n AS pending,
+           r.n AS running, total, succeeded + failed + cancelled + expired + e.n AS done
     FROM jobs, LATERAL (
         SELECT count(*) AS n FROM items WHERE items.job_id = jobs.id AND items.status = 'running'
-    ) AS r
+    ) AS r, LATERAL (
+        SELECT coalesce(sum(d.succeeded + d.failed + d.cancelled + d.expired), 0) AS n
+        FROM job_count_deltas AS d WHERE d.job_id = jobs.id
+    ) AS e
     WHERE id = :id
     """
 )

@@ -84,9 +84,11 @@ def copy_items(conn: sa.Connection, rows: Iterator[tuple[object, ...]]) -> None:
 
 def stored_items(conn: sa.Connection, job_id: uuid.UUID) -> tuple[int, int]:
     """Items stored for the job so far in this transaction, and how many of them are left to
-    run (not refused): its counts, kept by the insert trigger."""
-    row = conn.execute(sa.select(Job.total, Job.unfinished).where(Job.id == job_id)).one()
-    return int(row.total), int(row.unfinished)
+    run (not refused): its counts, kept by the insert trigger (a job being stored has no
+    writers' deltas yet: its row is all of them)."""
+    query = sa.select(Job.total, Job.unfinished_folded).where(Job.id == job_id)
+    total, unfinished = conn.execute(query).one()
+    return int(total), int(unfinished)
 
 
 def settle_job(

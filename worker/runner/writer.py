@@ -352,20 +352,34 @@ class Writer:
                     )
                     for status, keys in writes.ended.items()
                 )
-                ledger.add_counts(conn, counted)
+                # Into this writer's own delta rows: the job's row, which every worker of the
+                # job would otherwise lock to its commit, is left alone (ledger/counts.py).
+                ledger.add_counts(conn, counted, writer=self.owner)
                 stored["released"] = ledger.release(conn, self.owner, writes.released)
-                stored["finished"] = ledger.finalize_jobs(conn, {o.claimed.job_id for o in batch})
+
+        def finish() -> None:
+            # After the commit, so that of two writers ending a job's last items at once the
+            # later one sees both (ledger.finalize_if_done).
+            with self.db.begin() as conn:
+                stored["finished"] = ledger.finalize_if_done(
+                    conn, {o.claimed.job_id for o in batch}
+                )
 
         try:
             retry_transient(write, should_stop=self.dead.is_set)
-            if stored.get("finished"):
-                self.finished.set()
             metrics.stored(
                 writes.done, writes.failed, stored.get("done", set()), stored.get("failed", {})
             )
             self.report_refused(refused(writes, stored))
         except Exception:  # the leases lapse and the sweeper retries the items
             log.exception("could not store %d result(s)", len(batch))
+        else:
+            try:
+                retry_transient(finish, should_stop=self.dead.is_set)
+            except Exception:  # stored all the same; the sweeper's next pass finalizes
+                log.exception("could not finalize the jobs of %d stored result(s)", len(batch))
+            if stored.get("finished"):
+                self.finished.set()
         touched: set[JobHandle] = set()
         with self.inflight.lock:
             for outcome in batch:
