@@ -9,8 +9,9 @@ Two rules keep this correct under concurrency:
   transactions can never deadlock over them. Claims and a worker's writes take the weakest,
   which none of them waits for; a change of the job's status takes the strongest, so a cancel
   cannot interleave with them. A write that ends items then adds to their jobs' counts
-  (`counts`), which takes the rows in id order again, at the middle strength, as its last step:
-  the stores of a job's workers queue on its row only from there to their commits.
+  (`counts`), which takes the rows in id order again, at the middle strength, as its last step;
+  a worker's stores add to delta rows of their own instead, so that a job's workers never
+  queue on its row, and the row takes the deltas when the job is finalized or swept.
 * A write from a worker is fenced: it applies only while the item is still `running` under the
   same `lease_owner` and `attempts` that the claim handed out. A late, duplicate or superseded
   delivery therefore changes nothing, and an item holds at most one result (primary key).
