@@ -31,8 +31,8 @@ from thinkbatch.ledger.locks import lock_jobs
 
 _ENDED = ("succeeded", "failed", "cancelled", "expired")
 
-_ADD = sa.text(
-    """
+# Adds the counts `d` (one row per job, `id`) to their jobs' rows; the writes below end with it.
+_ADD_TO_JOBS = """
     UPDATE jobs AS j SET
         unfinished = j.unfinished - (d.succeeded + d.failed + d.cancelled + d.expired),
         succeeded = j.succeeded + d.succeeded,
@@ -42,15 +42,18 @@ _ADD = sa.text(
         prompt_tokens = j.prompt_tokens + d.prompt_tokens,
         completion_tokens = j.completion_tokens + d.completion_tokens,
         reasoning_tokens = j.reasoning_tokens + d.reasoning_tokens
+"""
+# The counts of one write, a row per job, from the arrays `add` binds.
+_DELTA_ROWS = """
     FROM unnest(CAST(:ids AS uuid[]), CAST(:succeeded AS int[]), CAST(:failed AS int[]),
                 CAST(:cancelled AS int[]), CAST(:expired AS int[]),
                 CAST(:prompt_tokens AS bigint[]), CAST(:completion_tokens AS bigint[]),
                 CAST(:reasoning_tokens AS bigint[]))
          AS d(id, succeeded, failed, cancelled, expired, prompt_tokens, completion_tokens,
               reasoning_tokens)
-    WHERE j.id = d.id
-    """
-)
+"""
+
+_ADD = sa.text(_ADD_TO_JOBS + _DELTA_ROWS + "    WHERE j.id = d.id\n")
 
 
 @dataclass(slots=True)
@@ -90,12 +93,9 @@ _ADD_DELTAS = sa.text(
                                        prompt_tokens, completion_tokens, reasoning_tokens)
     SELECT d.id, :writer, d.succeeded, d.failed, d.cancelled, d.expired, d.prompt_tokens,
            d.completion_tokens, d.reasoning_tokens
-    FROM unnest(CAST(:ids AS uuid[]), CAST(:succeeded AS int[]), CAST(:failed AS int[]),
-                CAST(:cancelled AS int[]), CAST(:expired AS int[]),
-                CAST(:prompt_tokens AS bigint[]), CAST(:completion_tokens AS bigint[]),
-                CAST(:reasoning_tokens AS bigint[]))
-         AS d(id, succeeded, failed, cancelled, expired, prompt_tokens, completion_tokens,
-              reasoning_tokens)
+    """
+    + _DELTA_ROWS
+    + """
     ON CONFLICT (job_id, writer) DO UPDATE SET
         succeeded = c.succeeded + excluded.succeeded,
         failed = c.failed + excluded.failed,
@@ -149,17 +149,9 @@ _FOLD = sa.text(
                sum(reasoning_tokens) AS reasoning_tokens
         FROM moved GROUP BY job_id
     )
-    UPDATE jobs AS j SET
-        unfinished = j.unfinished - (d.succeeded + d.failed + d.cancelled + d.expired),
-        succeeded = j.succeeded + d.succeeded,
-        failed = j.failed + d.failed,
-        cancelled = j.cancelled + d.cancelled,
-        expired = j.expired + d.expired,
-        prompt_tokens = j.prompt_tokens + d.prompt_tokens,
-        completion_tokens = j.completion_tokens + d.completion_tokens,
-        reasoning_tokens = j.reasoning_tokens + d.reasoning_tokens
-    FROM d WHERE j.id = d.id
     """  # noqa: S608 - the names are the module's constants
+    + _ADD_TO_JOBS
+    + "    FROM d WHERE j.id = d.id\n"
 )
 
 _WITH_DELTAS = sa.text("SELECT DISTINCT job_id FROM job_count_deltas")
