@@ -294,6 +294,10 @@ class JobService:
             )
             if runnable == 0:  # every item refused: nothing for a worker, it ends now
                 ledger.finalize_jobs(conn, [job.id])
+            # The job as this commit stores it: read after the commit, a worker woken by the
+            # hint (or polling) may already have claimed it, and the answer would depend on
+            # the race.
+            stored = self._load(job.id, session)
         if 0 < settings.analyze_after_items <= rows.count:
             ledger.analyze_items(self.engine)
         if runnable > 0:
@@ -301,7 +305,7 @@ class JobService:
             if rows.job_model_items:
                 by_model[job_model] = by_model.get(job_model, 0) + rows.job_model_items
             self._hint(job.id, by_model)
-        return Submitted(self._load(job.id), replayed=False)
+        return Submitted(stored, replayed=False)
 
     def _new_job(
         self,
