@@ -172,14 +172,17 @@ class SchedulerLoad:
     """The engine scheduler's state at its last step: requests waiting for a slot, requests
     running, and the fraction of the KV cache in use (0-1). And since the engine started: the
     steps it ran and the requests each ran summed, whose ratio over any interval is the mean
-    batch the engine ran (is it kept full?). With several data-parallel engines in one worker
-    the counts are their sums and the gauges the last engine's to report."""
+    batch the engine ran (is it kept full?). And the prompt tokens its prefix cache was asked
+    for and those it held, whose ratio is its hit rate. With several data-parallel engines in
+    one worker the counts are their sums and the gauges the last engine's to report."""
 
     waiting: int
     running: int
     kv_cache_usage: float
     steps: int = 0
     step_requests: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
 
 
 class Engine(Protocol):

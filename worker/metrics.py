@@ -265,7 +265,8 @@ class CpuCollector(Collector):
 class EngineStepsCollector(Collector):
     """The engine's steps and the requests each step ran, summed, as counters: over any
     interval their ratio is the mean batch the engine ran, which says whether the worker keeps
-    it full (`make bench` prints it for the raw engine and the job system side by side)."""
+    it full (`make bench` prints it for the raw engine and the job system side by side). And
+    its prefix cache's queries and hits, whose ratio is the hit rate (`make bench-prefix`)."""
 
     def collect(self) -> Any:
         load = metrics.engine.scheduler_load() if metrics.engine is not None else None
@@ -279,6 +280,18 @@ class EngineStepsCollector(Collector):
             "Requests each engine step ran, summed over the steps (divided by the steps: the "
             "mean batch).",
             value=load.step_requests if load is not None else 0,
+        )
+        # Prompt tokens, as vLLM's own vllm:prefix_cache_queries and _hits count them.
+        yield CounterMetricFamily(
+            "thinkbatch_worker_engine_prefix_cache_queries",
+            "Prompt tokens the engine looked up in its prefix cache since it started.",
+            value=load.prefix_queries if load is not None else 0,
+        )
+        yield CounterMetricFamily(
+            "thinkbatch_worker_engine_prefix_cache_hits",
+            "Prompt tokens the engine found in its prefix cache since it started (divided by "
+            "the queries: the hit rate).",
+            value=load.prefix_hits if load is not None else 0,
         )
 
 

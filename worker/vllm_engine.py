@@ -263,12 +263,16 @@ class _EngineStats(StatLoggerBase):
         running = scheduler_stats.num_running_reqs
         finished = getattr(iteration_stats, "finished_requests", None) or ()
         ran = running + len(finished)
+        # The prefix cache's lookups of this step's newly scheduled requests, in tokens.
+        cache = getattr(scheduler_stats, "prefix_cache_stats", None)
         self.engine._load = SchedulerLoad(  # noqa: SLF001 - the engine's own stats hook, same module; one reference swap: readers need no lock
             waiting=scheduler_stats.num_waiting_reqs,
             running=running,
             kv_cache_usage=scheduler_stats.kv_cache_usage,
             steps=(last.steps if last else 0) + (1 if ran else 0),
             step_requests=(last.step_requests if last else 0) + ran,
+            prefix_queries=(last.prefix_queries if last else 0) + (cache.queries if cache else 0),
+            prefix_hits=(last.prefix_hits if last else 0) + (cache.hits if cache else 0),
         )
         spec = getattr(scheduler_stats, "spec_decoding_stats", None)
         stats = self.engine._spec  # noqa: SLF001 - the engine's own stats hook, same module

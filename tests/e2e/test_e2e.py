@@ -255,3 +255,24 @@ def test_the_engines_scheduler_load_is_in_the_worker_metrics(
     # the stats the gauges come from are on, and vLLM would otherwise add its Prometheus
     # logger beside ours.
     assert not vllm_series, sorted(vllm_series)[:5]
+
+    # The prefix cache's lookups and hits, in prompt tokens: items that share a long beginning
+    # find it cached after the first of them has run; the short prompts above shared nothing.
+    def cache() -> tuple[float, float]:
+        found = scrape()
+        return (
+            found["thinkbatch_worker_engine_prefix_cache_queries_total"],
+            found["thinkbatch_worker_engine_prefix_cache_hits_total"],
+        )
+
+    queries_before, hits_before = cache()
+    shared = "Read this carefully before you answer the question that follows. " * 12
+    alike = client.submit(
+        [{"prompt": f"{shared}Question {i}?"} for i in range(32)],
+        params={"max_tokens": 2, "ignore_eos": True},
+    )
+    assert client.wait(alike["id"])["status"] == "completed"
+    queries, hits = cache()
+    prompt_tokens = client.job(alike["id"])["usage"]["prompt_tokens"]
+    assert queries - queries_before == prompt_tokens
+    assert 0.5 * prompt_tokens < hits - hits_before < prompt_tokens

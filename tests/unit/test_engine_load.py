@@ -42,6 +42,7 @@ def _gauge(name: str) -> float:
 
 
 def test_the_last_steps_load_and_speculation_reach_the_gauges() -> None:
+    from vllm.v1.metrics.stats import PrefixCacheStats
     from vllm.v1.metrics.stats import SchedulerStats
     from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
@@ -57,11 +58,15 @@ def test_the_last_steps_load_and_speculation_reach_the_gauges() -> None:
     logger = _EngineStats(None, 0, engine=engine)
     assert engine.scheduler_load() is None
     for waiting, running, usage, accepted in ((5, 32, 0.25, 3), (2, 30, 0.5, 4)):
+        # Each step looked up one new request's 100 prompt tokens and found `accepted` x 16.
+        cache = PrefixCacheStats()
+        cache.record(num_tokens=100, num_hits=accepted * 16, preempted=False)
         logger.record(
             SchedulerStats(
                 num_running_reqs=running,
                 num_waiting_reqs=waiting,
                 kv_cache_usage=usage,
+                prefix_cache_stats=cache,
                 spec_decoding_stats=SpecDecodingStats(
                     num_spec_tokens=4,
                     num_drafts=2,
@@ -74,7 +79,13 @@ def test_the_last_steps_load_and_speculation_reach_the_gauges() -> None:
         )
     # Two steps, of 32 and 30 running requests.
     assert engine.scheduler_load() == SchedulerLoad(
-        waiting=2, running=30, kv_cache_usage=0.5, steps=2, step_requests=62
+        waiting=2,
+        running=30,
+        kv_cache_usage=0.5,
+        steps=2,
+        step_requests=62,
+        prefix_queries=200,
+        prefix_hits=112,
     )
     metrics.watch(_Runner(engine))  # type: ignore[arg-type]
     assert _gauge("thinkbatch_worker_engine_steps_total") == 2
@@ -83,6 +94,8 @@ def test_the_last_steps_load_and_speculation_reach_the_gauges() -> None:
     assert _gauge("thinkbatch_worker_engine_waiting_requests") == 2
     assert _gauge("thinkbatch_worker_engine_running_requests") == 30
     assert _gauge("thinkbatch_worker_engine_kv_cache_usage_ratio") == 0.5
+    assert _gauge("thinkbatch_worker_engine_prefix_cache_queries_total") == 200
+    assert _gauge("thinkbatch_worker_engine_prefix_cache_hits_total") == 112
     assert _gauge("thinkbatch_worker_spec_decode_draft_tokens") == 16
     assert _gauge("thinkbatch_worker_spec_decode_accepted_tokens") == 7
     assert _gauge("thinkbatch_worker_spec_decode_mean_acceptance_length") == 1 + 7 / 4
