@@ -326,6 +326,10 @@ class Item(Base):
     error_message: orm.Mapped[str | None] = orm.mapped_column(sa.Text)
     # The field a refused line's error names (an OpenAI error file's `param`).
     error_param: orm.Mapped[str | None] = orm.mapped_column(sa.String(256))
+    # Claims take pending items in this order (CLAIM_ORDER=prefix): items whose prompts
+    # begin alike are next to each other (thinkbatch/jobs/prefix.py). NULL: a refused item,
+    # or one stored before the key existed; those come last, in seq order.
+    prefix_key: orm.Mapped[bytes | None] = orm.mapped_column(sa.LargeBinary)
 
     __table_args__ = (
         sa.UniqueConstraint("job_id", "seq"),
@@ -336,13 +340,23 @@ class Item(Base):
             "OR (messages IS NULL AND prompt IS NULL AND status = 'failed')",
             name="one_input",
         ),
-        # Claims (status = 'pending' ordered by seq) and status-filtered pages.
+        # Status-filtered pages, counts of running items, suspects' claims.
         sa.Index("ix_items_job_id_status_seq", "job_id", "status", "seq"),
-        # A claim of a mixed job: the pending items of a named model, in order.
+        # Claims: a job's pending items in claim order. Partial on pending items, so that a
+        # claim or a store, which move an item out of `pending`, add no entry to them.
+        sa.Index(
+            "ix_items_pending_prefix",
+            "job_id",
+            "prefix_key",
+            "seq",
+            postgresql_where=sa.text("status = 'pending' AND crashes = 0"),
+        ),
+        # A claim of a mixed job: the pending items of a named model, in claim order.
         sa.Index(
             "ix_items_pending_model",
             "job_id",
             "model",
+            "prefix_key",
             "seq",
             postgresql_where=sa.text("model IS NOT NULL AND status = 'pending' AND crashes = 0"),
         ),

@@ -448,6 +448,14 @@ class Settings(BaseSettings):
     fanout_items: int = Field(
         256, ge=1, description="A new job gets a task message per this many items (to JOB_FANOUT)."
     )
+    # vLLM's prefix cache keeps a shared beginning while it fits: items that share one run
+    # cheaper back to back (thinkbatch/jobs/prefix.py). `submitted`: the job's own order.
+    claim_order: Literal["prefix", "submitted"] = Field(
+        "prefix",
+        description="The order a job's items are claimed in: `prefix` puts together the items "
+        "whose prompts begin alike, so the engine's prefix cache serves them; `submitted` "
+        "keeps the job's order.",
+    )
     write_interval_s: float = Field(
         0.2,
         gt=0,

@@ -200,3 +200,61 @@ def test_count_deltas_on_a_populated_database(servers: Servers) -> None:
         kept, recounted = _counts(conn, job_id)
     engine.dispose()
     assert kept == recounted == (6, 1, 5, 0, 0, 25, 10)
+
+
+def test_prefix_order_on_a_populated_database(servers: Servers) -> None:
+    """0010 adds the claim key: a job stored before it, half claimed, keeps its items and is
+    claimed on in seq order (its keys are NULL); down again,
+    the key and its index are gone and the claim index of a named model is the old one."""
+    url = recreate_database(servers.postgres_admin_url, database_name("migrations"))
+    migrate(url, "0009")
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        job_id = conn.execute(
+            sa.text(
+                "INSERT INTO jobs (id, tenant, status, model, params, priority, created_at,"
+                " expires_at) VALUES (gen_random_uuid(), 't', 'running', 'm', '{}', 0, now(),"
+                " now() + interval '1 day') RETURNING id"
+            )
+        ).scalar_one()
+        conn.execute(
+            sa.text(
+                "INSERT INTO items (job_id, seq, custom_id, prompt, status)"
+                " SELECT :j, k, 'c' || k, repeat('shared beginning ', 40) || k, 'pending'"
+                " FROM generate_series(0, 9) AS k"
+            ),
+            {"j": job_id},
+        )
+        conn.execute(  # three claimed by a worker before the upgrade
+            sa.text(
+                "UPDATE items SET status = 'running', attempts = 1, lease_owner = 'w',"
+                " lease_expires_at = now() + interval '1 hour' WHERE job_id = :j AND seq < 3"
+            ),
+            {"j": job_id},
+        )
+
+    migrate(url)
+    with engine.begin() as conn:
+        rest = ledger.claim(conn, job_id, owner="w", n=100, lease_s=60)
+        keys = conn.execute(sa.text("SELECT count(prefix_key) FROM items")).scalar()
+    assert [c.seq for c in rest] == list(range(3, 10)) and keys == 0
+
+    migrate(url, "0009", down=True)
+    with engine.connect() as conn:
+        columns = set(
+            conn.execute(
+                sa.text(
+                    "SELECT column_name FROM information_schema.columns WHERE table_name = 'items'"
+                )
+            ).scalars()
+        )
+        indexes = dict(
+            conn.execute(
+                sa.text("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'items'")
+            ).all()
+        )
+        total = conn.execute(sa.text("SELECT count(*) FROM items")).scalar()
+    engine.dispose()
+    assert "prefix_key" not in columns and total == 10
+    assert "ix_items_pending_prefix" not in indexes
+    assert "(job_id, model, seq)" in indexes["ix_items_pending_model"]

@@ -27,6 +27,7 @@ from thinkbatch.jobs.combos import Combinations
 from thinkbatch.jobs.combos import check_params
 from thinkbatch.jobs.context import ContextBound
 from thinkbatch.jobs.fleet import Fleet
+from thinkbatch.jobs.prefix import prefix_key
 from thinkbatch.jobs.wire import ItemIn
 from thinkbatch.jobs.wire import JobHeader
 from thinkbatch.jobs.wire import Message
@@ -117,6 +118,8 @@ class ItemRows:
         self.refused_count = 0
         self.budgets = BudgetCheck(settings.default_max_tokens)
         self.combos = Combinations(settings)
+        # Without a key, items are claimed in the order they came (CLAIM_ORDER).
+        self.by_prefix = settings.claim_order == "prefix"
 
     def row(self, index: int, item: ItemIn) -> tuple[object, ...]:
         self._check_limit(index)
@@ -153,16 +156,24 @@ class ItemRows:
         self.count += 1
         # Serialized by pydantic's Rust core: json.dumps over model_dump() cost 4x as much.
         messages = (
-            _MESSAGES.dump_json(item.messages, exclude_none=True).decode()
+            _MESSAGES.dump_json(item.messages, exclude_none=True)
             if item.messages is not None
             else None
         )
         params = item.params.overrides() if item.params is not None else None
+        key = None
+        if self.by_prefix:
+            tools = params.get("tools") if params else None
+            key = prefix_key(
+                model,
+                json.dumps(tools).encode() if tools else None,
+                messages if messages is not None else (item.prompt or "").encode(),
+            )
         return (
             self.job_id,
             index,
             custom_id,
-            messages,
+            messages.decode() if messages is not None else None,
             item.prompt,
             json.dumps(params) if params else None,
             ItemStatus.pending.value,
@@ -171,6 +182,7 @@ class ItemRows:
             None,
             None,
             model,
+            key,
         )
 
     def refused(self, index: int, item: RefusedItem) -> tuple[object, ...]:
@@ -192,6 +204,7 @@ class ItemRows:
             item.message,
             item.param,
             datetime.now(UTC),
+            None,
             None,
         )
 

@@ -26,6 +26,8 @@ _LEASE_PICKED = """
               i.attempts, i.crashes, i.model
 """
 
+# A claim takes a job's pending items in claim order: by prefix key (thinkbatch/jobs/prefix.py,
+# NULL last), so that items whose prompts begin alike run together, then in submission order.
 # Which of a job's items a worker may take, by model. An item's model is NULL when it is the
 # job's own (`jobs.model`): a job of one model writes no model per item, and a worker that
 # serves all of a job's models filters nothing (`ALL`). Otherwise it takes only the items of
@@ -33,6 +35,9 @@ _LEASE_PICKED = """
 # when it serves the job's model too.
 _BY_MODEL = {
     "all": "",
+    # One name (the usual case) by equality: ix_items_pending_model then gives the claim
+    # order, where `= ANY` of an array has the pending items of the model sorted at each claim.
+    "named_one": " AND model = :model",
     "named": " AND model = ANY(:models)",
     "named_or_job": " AND (model IS NULL OR model = ANY(:models))",
 }
@@ -44,7 +49,7 @@ def _claim_sql(models: str) -> sa.TextClause:
         WITH picked AS (
             SELECT id FROM items
             WHERE job_id = :job_id AND status = 'pending' AND crashes = 0{_BY_MODEL[models]}
-            ORDER BY seq LIMIT :n
+            ORDER BY prefix_key, seq LIMIT :n
             FOR UPDATE SKIP LOCKED
         )
         """  # noqa: S608 - constants of this module
@@ -108,8 +113,7 @@ def claim(
     kind = "all" if models is None else models.kind
     statement = (_CLAIM_SUSPECTS if suspects else _CLAIM)[kind]
     params: dict[str, Any] = {"job_id": job_id, "owner": owner, "lease_s": lease_s}
-    if models is not None and kind != "all":
-        params["models"] = list(models.names)
+    params.update(_model_params(models))
     if not suspects:
         params["n"] = n
     rows = conn.execute(statement, params).all()
@@ -144,7 +148,19 @@ class ModelFilter:
     def kind(self) -> str:
         if self.every:
             return "all"
-        return "named_or_job" if self.job_model in self.names else "named"
+        if self.job_model in self.names:
+            return "named_or_job"
+        return "named_one" if len(self.names) == 1 else "named"
+
+
+def _model_params(models: ModelFilter | None) -> dict[str, Any]:
+    """The parameters of the `_BY_MODEL` condition of `models`."""
+    kind = "all" if models is None else models.kind
+    if models is None or kind == "all":
+        return {}
+    if kind == "named_one":
+        return {"model": models.names[0]}
+    return {"models": list(models.names)}
 
 
 def has_pending(conn: sa.Connection, job_id: uuid.UUID, models: ModelFilter | None = None) -> bool:
@@ -161,9 +177,7 @@ def _pending_exists(
     conn: sa.Connection, job_id: uuid.UUID, models: ModelFilter | None, condition: str
 ) -> bool:
     kind = "all" if models is None else models.kind
-    params: dict[str, Any] = {"id": job_id}
-    if models is not None and kind != "all":
-        params["models"] = list(models.names)
+    params: dict[str, Any] = {"id": job_id, **_model_params(models)}
     return bool(
         conn.execute(
             sa.text(

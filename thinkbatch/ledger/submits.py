@@ -20,7 +20,7 @@ from thinkbatch.models import Job
 # RefusedItem): the insert trigger counts it with the job's failed items, never as unfinished.
 _COPY_ITEMS = (
     "COPY items (job_id, seq, custom_id, messages, prompt, params, status, error_code, "
-    "error_message, error_param, finished_at, model) FROM STDIN"
+    "error_message, error_param, finished_at, model, prefix_key) FROM STDIN"
 )
 
 
@@ -73,8 +73,8 @@ def insert_job(conn: sa.Connection, job: NewJob) -> None:
 
 def copy_items(conn: sa.Connection, rows: Iterator[tuple[object, ...]]) -> None:
     """Write the rows (job_id, seq, custom_id, messages, prompt, params, status, error_code,
-    error_message, error_param, finished_at, model) as they come: COPY streams them, so the
-    submission's memory does not grow with its size."""
+    error_message, error_param, finished_at, model, prefix_key) as they come: COPY streams
+    them, so the submission's memory does not grow with its size."""
     driver = conn.connection.driver_connection
     assert driver is not None
     with driver.cursor() as cursor, cursor.copy(_COPY_ITEMS) as copy:
