@@ -3,7 +3,7 @@ PY := .venv/bin/python
 # The interpreter that builds .venv (>= 3.11 with venv; install.py says how to get one).
 PYTHON ?= python3
 
-.PHONY: install lock demo test check chaos hosts bench bench-models bench-fleet bench-scale gpu-check gpu-check-compose lint clean
+.PHONY: install lock demo test check chaos hosts bench bench-models bench-fleet bench-scale bench-prefix gpu-check gpu-check-compose lint clean
 
 install:
 	@$(PYTHON) scripts/install.py
@@ -46,6 +46,9 @@ bench-fleet: install  ## 8 workers on one 50,000-item job vs one worker alone: s
 
 bench-scale: install ## a 100,000-item job: submit, status, results
 	$(PY) -m bench.scale $(ARGS)
+
+bench-prefix: install ## documents asked several questions each, claimed in prefix order vs the job's order: items/s and the prefix cache's hit rate (ARGS=--rounds N, --docs N, --blocks N)
+	$(PY) -m bench.prefix $(ARGS)
 
 gpu-check:           ## on a GPU host: Python, driver, compilers, the real stack, thinking on/off and a budget, items/s vs raw
 	@$(PYTHON) scripts/gpu_check.py --preflight

@@ -83,6 +83,9 @@ _FAMILIES = {
     # Not CPU: the engine's steps and the requests each ran, summed (the mean batch).
     "thinkbatch_worker_engine_steps": "engine steps",
     "thinkbatch_worker_engine_step_requests": "engine step requests",
+    # Not CPU: the prompt tokens its prefix cache was asked for and held (the hit rate).
+    "thinkbatch_worker_engine_prefix_cache_queries": "prefix cache queries",
+    "thinkbatch_worker_engine_prefix_cache_hits": "prefix cache hits",
 }
 
 

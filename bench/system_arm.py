@@ -121,6 +121,8 @@ def job_round(
         "seconds": (finished - submitted).total_seconds(),
         "steps": stages.pop("engine steps", 0.0),
         "step_requests": stages.pop("engine step requests", 0.0),
+        "prefix_queries": stages.pop("prefix cache queries", 0.0),
+        "prefix_hits": stages.pop("prefix cache hits", 0.0),
         "submit_seconds": submit_s,
         "first_claim_seconds": (first_claim - submitted).total_seconds(),
         "first_result_seconds": (first - submitted).total_seconds(),

@@ -134,11 +134,17 @@ class Stack:
         return proc
 
     def start_api(
-        self, port: int | None = None, workers: int | None = None, unix_socket: Path | None = None
+        self,
+        port: int | None = None,
+        workers: int | None = None,
+        unix_socket: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        name: str = "api",
     ) -> Proc:
         """gunicorn with the settings of api/gunicorn.conf.py (worker model, threads, from the
         environment's API_WORKERS and API_THREADS); `workers` overrides API_WORKERS. With
-        `unix_socket`, it listens there instead of on a port (seen from any namespace)."""
+        `unix_socket`, it listens there instead of on a port (seen from any namespace). `env`:
+        settings of this API alone, over the stack's; `name` names its log."""
         port = None if unix_socket else port or free_port()
         bind = f"unix:{unix_socket}" if unix_socket else f"127.0.0.1:{port}"
         args = [
@@ -147,7 +153,7 @@ class Stack:
         ]  # fmt: skip
         if workers is not None:
             args += ["--workers", str(workers)]
-        proc = self._spawn("api", [*args, "api.asgi:app"])
+        proc = self._spawn(name, [*args, "api.asgi:app"], env)
         proc.port = port
         if unix_socket:
             wait_for_unix_socket(unix_socket, timeout=60)
