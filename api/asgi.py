@@ -2,16 +2,15 @@
 
 The server is gunicorn's asyncio worker: request bodies are received by its event loop
 (api.intake), and only complete requests reach the Flask app, which a2wsgi runs on a pool of
-API_THREADS threads. a2wsgi (a small, maintained WSGI-to-ASGI bridge) streams responses back
-with backpressure; asgiref's bridge would run every request on one thread.
+API_THREADS threads, its responses handed back in batches (api.bridge); asgiref's bridge would
+run every request on one thread.
 """
 
 from typing import Any
 from typing import cast
 
-from a2wsgi import WSGIMiddleware
-
 from api import create_app
+from api.bridge import BatchedWSGIMiddleware
 from api.intake import Intake
 from thinkbatch import logging_setup
 from thinkbatch.settings import get_settings
@@ -23,4 +22,4 @@ logging_setup.configure(_settings, "api")
 # The casts bridge two spellings of the same callables: a2wsgi's own WSGI and ASGI types, and
 # Flask's and ours (api.intake), which are looser.
 _flask: Any = create_app(_settings)
-app = Intake(cast(Any, WSGIMiddleware(_flask, workers=_settings.api_threads)), _settings)
+app = Intake(cast(Any, BatchedWSGIMiddleware(_flask, workers=_settings.api_threads)), _settings)
