@@ -18,6 +18,7 @@ from api.openapi import NDJSON
 from api.openapi import Doc
 from api.openapi import Query
 from api.openapi import describe
+from api.replies import json_reply
 from api.services import request_connection
 from api.services import services
 from thinkbatch.jobs import job_out
@@ -63,7 +64,7 @@ STATUS = Query(
         tags=("jobs",),
     )
 )  # fmt: skip
-def create() -> tuple[dict[str, object], int, dict[str, str]]:
+def create() -> Response:
     svc = services()
     require_json()
     key = idempotency_key()
@@ -74,7 +75,7 @@ def create() -> tuple[dict[str, object], int, dict[str, str]]:
     out = job_out(made.job, stats.empty(), svc.jobs.waiting_for(made.job))
     if not made.replayed:
         metrics.job_submitted(out.counts.total)
-    return out.model_dump(mode="json"), 201, replayed_header(made.replayed)
+    return json_reply(out, 201, replayed_header(made.replayed))
 
 
 @bp.get("")
@@ -91,10 +92,10 @@ def create() -> tuple[dict[str, object], int, dict[str, str]]:
         tags=("jobs",),
     )
 )  # fmt: skip
-def list_() -> dict[str, object]:
+def list_() -> Response:
     svc = services()
     page = svc.jobs.page(caller(), after=params.job_cursor(), limit=params.limit())
-    return page.model_dump(mode="json")
+    return json_reply(page)
 
 
 @bp.get("/<job_id>")
@@ -107,10 +108,10 @@ def list_() -> dict[str, object]:
         tags=("jobs",),
     )
 )
-def get(job_id: str) -> dict[str, object]:
+def get(job_id: str) -> Response:
     svc = services()
     job = svc.jobs.status(caller(), parse_job_id(job_id), request_connection())
-    return job.model_dump(mode="json")
+    return json_reply(job)
 
 
 @bp.get("/<job_id>/items")
@@ -128,7 +129,7 @@ def get(job_id: str) -> dict[str, object]:
         tags=("jobs",),
     )
 )
-def items(job_id: str) -> dict[str, object]:
+def items(job_id: str) -> Response:
     svc = services()
     page = svc.jobs.items(
         caller(),
@@ -139,7 +140,7 @@ def items(job_id: str) -> dict[str, object]:
         include_thinking=params.include_thinking(),
         conn=request_connection(),
     )
-    return page.model_dump(mode="json")
+    return json_reply(page)
 
 
 @bp.get("/<job_id>/results")
@@ -173,9 +174,9 @@ def results(job_id: str) -> Response:
         tags=("jobs",),
     )
 )
-def cancel(job_id: str) -> dict[str, object]:
+def cancel(job_id: str) -> Response:
     svc = services()
     require_json(body_required=False)
     key = parse_job_id(job_id)
     svc.jobs.cancel(caller(), key)
-    return svc.jobs.status(caller(), key).model_dump(mode="json")
+    return json_reply(svc.jobs.status(caller(), key))

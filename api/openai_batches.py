@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from flask import Blueprint
+from flask import Response
 from flask import request
 from pydantic import ValidationError
 
@@ -16,6 +17,7 @@ from api.body import spool
 from api.openapi import Doc
 from api.openapi import Query
 from api.openapi import describe
+from api.replies import json_reply
 from api.services import services
 from thinkbatch.errors import InputError
 from thinkbatch.guard import Limits
@@ -69,11 +71,11 @@ def _body() -> BatchCreate:
         tags=("openai",),
     )
 )
-def create() -> dict[str, object]:
+def create() -> Response:
     svc = services()
     key = idempotency_key()
     job = service.create_batch(svc.jobs, caller(), _body(), idempotency_key=key)
-    return service.batch_view(job).model_dump(mode="json")
+    return json_reply(service.batch_view(job))
 
 
 @bp.get("/v1/batches")
@@ -90,21 +92,21 @@ def create() -> dict[str, object]:
         tags=("openai",),
     )
 )  # fmt: skip
-def list_() -> dict[str, object]:
+def list_() -> Response:
     svc = services()
     page = service.list_batches(
         svc.jobs, caller(), after=params.after(), limit=params.limit(20, MAX_LIST)
     )
-    return page.model_dump(mode="json")
+    return json_reply(page)
 
 
 @bp.get("/v1/batches/<batch_id>")
 @describe(Doc(summary="A batch.", path=BATCH_ID, responses={200: Batch}, errors=(404,),
               tags=("openai",)))  # fmt: skip
-def get(batch_id: str) -> dict[str, object]:
+def get(batch_id: str) -> Response:
     svc = services()
     job = service.get_batch(svc.jobs, caller(), service.parse_batch_id(batch_id))
-    return service.batch_view(job).model_dump(mode="json")
+    return json_reply(service.batch_view(job))
 
 
 @bp.post("/v1/batches/<batch_id>/cancel")
@@ -117,17 +119,17 @@ def get(batch_id: str) -> dict[str, object]:
         tags=("openai",),
     )
 )
-def cancel(batch_id: str) -> dict[str, object]:
+def cancel(batch_id: str) -> Response:
     svc = services()
     require_json(body_required=False)
     job = service.cancel_batch(svc.jobs, caller(), service.parse_batch_id(batch_id))
-    return service.batch_view(job).model_dump(mode="json")
+    return json_reply(service.batch_view(job))
 
 
 @bp.get("/v1/models")
 @describe(Doc(summary="The models live workers serve.", responses={200: ModelList},
               tags=("openai",)))  # fmt: skip
-def models() -> dict[str, object]:
+def models() -> Response:
     svc = services()
     with svc.sessions() as session:
-        return service.served_models(session, svc.settings).model_dump(mode="json")
+        return json_reply(service.served_models(session, svc.settings))

@@ -16,6 +16,7 @@ from api.form import parse as parse_form
 from api.openapi import Doc
 from api.openapi import Query
 from api.openapi import describe
+from api.replies import json_reply
 from api.services import services
 from thinkbatch.errors import InputError
 from thinkbatch.guard import check_text
@@ -51,7 +52,7 @@ def _field(form: Form, name: str) -> str | None:
         tags=("openai",),
     )
 )
-def upload() -> dict[str, object]:
+def upload() -> Response:
     svc = services()
     if request.mimetype != "multipart/form-data":
         raise UnsupportedMediaType("the body must be multipart/form-data with a `file` part")
@@ -100,7 +101,7 @@ def upload() -> dict[str, object]:
                 expires_after_s=expires,
                 settings=svc.settings,
             )
-            return service.file_out(record).model_dump(mode="json")
+            return json_reply(service.file_out(record))
     finally:
         form.close()
 
@@ -122,7 +123,7 @@ def upload() -> dict[str, object]:
         tags=("openai",),
     )
 )  # fmt: skip
-def list_() -> dict[str, object]:
+def list_() -> Response:
     svc = services()
     order = params.single("order") or "desc"
     if order not in ("asc", "desc"):
@@ -133,27 +134,27 @@ def list_() -> dict[str, object]:
         page = service.list_files(
             session, caller(), after=after, limit=limit, order=order, purpose=purpose
         )
-    return page.model_dump(mode="json")
+    return json_reply(page)
 
 
 @bp.get("/<file_id>")
 @describe(Doc(summary="A file.", path=FILE_ID, responses={200: FileObject}, errors=(404,),
               tags=("openai",)))  # fmt: skip
-def get(file_id: str) -> dict[str, object]:
+def get(file_id: str) -> Response:
     svc = services()
     with svc.sessions() as session:
         found = service.get_file(session, caller(), service.parse_file_id(file_id))
-        return service.file_out(found).model_dump(mode="json")
+        return json_reply(service.file_out(found))
 
 
 @bp.delete("/<file_id>")
 @describe(Doc(summary="Delete a file.", path=FILE_ID, responses={200: FileDeleted},
               errors=(404,), tags=("openai",)))  # fmt: skip
-def delete(file_id: str) -> dict[str, object]:
+def delete(file_id: str) -> Response:
     svc = services()
     with svc.sessions.begin() as session:
         gone = service.delete_file(session, caller(), service.parse_file_id(file_id))
-        return gone.model_dump(mode="json")
+        return json_reply(gone)
 
 
 @bp.get("/<file_id>/content")

@@ -2,13 +2,14 @@
 embedded PostgreSQL and Redis, called through Flask's test client, so that no HTTP server or
 client enters the figures. A status call of a queued job (authentication, the failed-auth
 limiter, the job read, the live workers while the job has pending items, serialization, access
-log and metrics) and an items page of 100 finished items; `make bench-scale` times the same
-calls over HTTP.
+log, logged as the API logs, and metrics) and an items page of 100 finished items; `make
+bench-scale` times the same calls over HTTP.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 from api import create_app
 from bench.scale import fill_results
 from devstack import local_stack
+from thinkbatch import logging_setup
 from thinkbatch.keys import issue_key
 
 
@@ -30,6 +32,9 @@ def main() -> int:
     env = {"THINKBATCH_MODEL": "thinkbatch-demo"}
     with local_stack(tmp, env=env, database="poll", engine=False, demo_model=False) as local:
         settings = local.settings
+        # Logged as the API logs (api/asgi.py): an access line per call, into nothing.
+        sink = open(os.devnull, "w")  # noqa: SIM115 - open until the process ends
+        logging_setup.configure(settings, "api", stream=sink)
         app = create_app(settings)
         key = issue_key(settings.require_database_url(), "bench", "bench.poll_cpu")
         client = app.test_client()
