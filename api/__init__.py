@@ -29,7 +29,12 @@ def create_app(settings: Settings) -> Flask:
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
     app.json.sort_keys = False  # type: ignore[attr-defined]  # keep the documented field order
-    engine = make_engine(settings)
+    # A connection for each request thread, and as many again for the one request that reads
+    # through a second while it holds its first: a batch's create, which reads its input file
+    # while the items are copied in (tests/api/test_connections.py). Fewer, and a crowd of
+    # requests waits on the pool; fewer than twice as many, and creates can wait on each other.
+    threads = max(settings.api_threads, settings.db_pool_size)
+    engine = make_engine(settings, pool_size=threads, max_overflow=threads)
     celery = make_celery(settings)
     front_door = JobService(settings, engine, celery)
     app.extensions["thinkbatch"] = Services(
@@ -41,12 +46,12 @@ def create_app(settings: Settings) -> Flask:
     )
 
     errors.init_app(app)
-    services.init_app(app)  # the request's read connection, returned before the response
     # Before auth: a refused request is timed, counted and logged like any other.
     metrics.init_app(app)
     access_log.init_app(app)
     body.init_app(app)  # the intake's refusals: before auth, as a server would answer them
     auth.init_app(app)
+    services.init_app(app)  # after auth: what the authentication read with is given back
     params.init_app(app)  # after auth: a stranger learns nothing of a route
     app.register_blueprint(health.bp)
     app.register_blueprint(jobs.bp)

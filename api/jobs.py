@@ -19,6 +19,7 @@ from api.openapi import Doc
 from api.openapi import Query
 from api.openapi import describe
 from api.replies import json_reply
+from api.services import reads_request_connection
 from api.services import request_connection
 from api.services import services
 from thinkbatch.jobs import job_out
@@ -108,6 +109,7 @@ def list_() -> Response:
         tags=("jobs",),
     )
 )
+@reads_request_connection
 def get(job_id: str) -> Response:
     svc = services()
     job = svc.jobs.status(caller(), parse_job_id(job_id), request_connection())
@@ -129,6 +131,7 @@ def get(job_id: str) -> Response:
         tags=("jobs",),
     )
 )
+@reads_request_connection
 def items(job_id: str) -> Response:
     svc = services()
     page = svc.jobs.items(

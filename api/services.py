@@ -3,7 +3,10 @@ kept on the app: the settings, the database, the Celery app and the job service'
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+from typing import TypeVar
 
 import sqlalchemy as sa
 from celery import Celery
@@ -11,6 +14,7 @@ from flask import Flask
 from flask import Response
 from flask import current_app
 from flask import g
+from flask import request
 from sqlalchemy import orm
 
 from thinkbatch.jobs import JobService
@@ -26,10 +30,26 @@ class Services:
     jobs: JobService  # the job service's front door: every route of jobs and batches uses it
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def reads_request_connection(view: F) -> F:
+    """Mark a view that reads through `request_connection()` alone, the one the
+    authentication took. Any other view gets it back before it runs (init_app): a view that
+    took a connection of its own while the request held this one would hold two of the pool's
+    connections at once, and API_THREADS requests doing so wait on each other for a pool
+    that has fewer than twice as many, until the pool's timeout (a results download under
+    a crowd of pollers did)."""
+    # A marker on the view function itself, read back before the view runs.
+    view._thinkbatch_request_connection = True  # type: ignore[attr-defined]  # noqa: SLF001
+    return view
+
+
 def request_connection() -> sa.Connection:
     """This request's connection for reads (autocommit, JobService.reads), taken once and
     shared by the authentication and the view: one checkout (and one liveness ping) per
-    request instead of one per query. Returned before the response is sent (init_app)."""
+    request instead of one per query. Returned before the response is sent (init_app), and
+    before the view runs unless the view is marked `reads_request_connection`."""
     conn: sa.Connection | None = g.get("thinkbatch_reads")
     if conn is None:
         conn = g.thinkbatch_reads = services().jobs.reads.connect()
@@ -43,6 +63,13 @@ def release_connection() -> None:
 
 
 def init_app(app: Flask) -> None:
+    @app.before_request
+    def give_back_unless_the_view_reads_it() -> None:
+        # Registered after the authentication's hook (api/__init__.py), so it runs after it.
+        view = app.view_functions.get(request.endpoint or "")
+        if not getattr(view, "_thinkbatch_request_connection", False):
+            release_connection()
+
     @app.after_request
     def give_back(response: Response) -> Response:
         # Before a streamed body runs: a download must not hold the request's connection.

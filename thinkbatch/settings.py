@@ -469,7 +469,12 @@ class Settings(BaseSettings):
         description="A prompt longer than this (characters) is rendered and tokenized on a side "
         "thread, so that it never delays the other items' way to the engine.",
     )
-    db_pool_size: int = Field(5, ge=1, description="SQLAlchemy pool size per process.")
+    db_pool_size: int = Field(
+        5,
+        ge=1,
+        description="SQLAlchemy pool size per process (and as many more at a peak). An API "
+        "process keeps API_THREADS at least: a connection for each request thread.",
+    )
     analyze_after_items: int = Field(
         10_000,
         ge=0,

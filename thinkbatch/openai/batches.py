@@ -380,7 +380,9 @@ def make_files(engine: sa.Engine, job_id: uuid.UUID) -> bool:
         kinds = [FileKind.output]
         if job.failed + job.cancelled + job.expired > 0:
             kinds.append(FileKind.error)
-        sizes = {kind: sum(len(chunk) for chunk in render(engine, job, kind)) for kind in kinds}
+    # Rendered after the session gave its connection back: the rows are read through another,
+    # and one caller holding two of a pool's connections can wait on another doing the same.
+    sizes = {kind: sum(len(chunk) for chunk in render(engine, job, kind)) for kind in kinds}
     with engine.begin() as conn:
         return ledger.insert_outputs(conn, job_id, sizes)
 

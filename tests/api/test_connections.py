@@ -1,0 +1,108 @@
+"""A request never holds two of the pool's connections at once.
+
+The authentication reads the key through the request's connection. A view that then took a
+connection of its own while the request still held that one would need two at once, and
+API_THREADS requests doing so, with a pool of fewer than twice as many connections, each hold
+one and wait for another until the pool's timeout: a results download under a crowd of pollers
+answered 500s after 30 s. Views that read through the request's connection are marked
+(`reads_request_connection`); every other view gets it back before it runs."""
+
+from __future__ import annotations
+
+import io
+import threading
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+from flask import Flask
+from flask.testing import FlaskClient
+from sqlalchemy import event
+from sqlalchemy.pool import QueuePool
+
+from api.services import services
+
+
+class Held:
+    """The pooled connections each thread holds, and the most any thread held at once."""
+
+    def __init__(self, engine: sa.Engine):
+        self.now: Counter[int] = Counter()
+        self.most = 0
+        self.where = ""  # the stack that took the most
+        self.lock = threading.Lock()
+        event.listen(engine, "checkout", self.checkout)
+        event.listen(engine, "checkin", self.checkin)
+
+    def checkout(self, *_: Any) -> None:
+        with self.lock:
+            me = threading.get_ident()
+            self.now[me] += 1
+            if self.now[me] > self.most:
+                self.most = self.now[me]
+                self.where = "".join(traceback.format_stack(limit=30))
+
+    def checkin(self, *_: Any) -> None:
+        with self.lock:
+            self.now[threading.get_ident()] -= 1
+
+
+def test_no_route_holds_two_connections(app: Flask, client: FlaskClient) -> None:
+    held = Held(services_engine(app))
+    items = [{"custom_id": f"c{k}", "prompt": f"question {k}"} for k in range(5)]
+    most: dict[str, int] = {}
+
+    def call(method: str, path: str, **kwargs: Any) -> Any:
+        held.most = 0
+        response = client.open(path, method=method, **kwargs)
+        assert response.status_code < 500, (path, response.text)
+        response.get_data()  # a streamed body runs to its end here
+        most[f"{method} {path}"] = held.most
+        return response.json
+
+    job_id = call("POST", "/v1/jobs", json={"items": items})["id"]
+    lines = b"\n".join(
+        b'{"custom_id": "b%d", "method": "POST", "url": "/v1/chat/completions", '
+        b'"body": {"model": "thinkbatch-demo", "messages": [{"role": "user", "content": "hi"}]}}'
+        % k
+        for k in range(3)
+    )
+    form = {"purpose": "batch", "file": (io.BytesIO(lines), "b.jsonl")}
+    file_id = call("POST", "/v1/files", data=form)["id"]
+    created = {"input_file_id": file_id, "endpoint": "/v1/chat/completions"}
+    batch_id = call("POST", "/v1/batches", json={**created, "completion_window": "24h"})["id"]
+    for method, path in (
+        ("GET", f"/v1/jobs/{job_id}"),
+        ("GET", f"/v1/jobs/{job_id}/items"),
+        ("GET", f"/v1/jobs/{job_id}/results"),
+        ("GET", "/v1/jobs"),
+        ("GET", "/v1/files"),
+        ("GET", f"/v1/files/{file_id}"),
+        ("GET", f"/v1/files/{file_id}/content"),
+        ("GET", "/v1/batches"),
+        ("GET", f"/v1/batches/{batch_id}"),
+        ("GET", "/v1/models"),
+        ("POST", f"/v1/batches/{batch_id}/cancel"),
+        ("POST", f"/v1/jobs/{job_id}/cancel"),
+    ):
+        call(method, path)
+    # A batch's create reads its input file while its items are copied in: two at once.
+    assert most.pop("POST /v1/batches") == 2
+    assert set(most.values()) == {1}, f"{most}\n{held.where}"
+    assert sum(held.now.values()) == 0  # every one given back
+
+
+def test_the_pool_holds_two_connections_for_each_request_thread(
+    make_app: Callable[..., Flask],
+) -> None:
+    engine = services_engine(make_app(api_threads=7, db_pool_size=3))
+    pool = engine.pool
+    assert isinstance(pool, QueuePool)
+    assert pool.size() == 7 and pool._max_overflow == 7
+
+
+def services_engine(app: Flask) -> sa.Engine:
+    with app.app_context():
+        return services().engine
