@@ -25,13 +25,19 @@ def run_migrations_online() -> None:
     # Tests hand over their own connection; the CLI builds one from the environment.
     connection = context.config.attributes.get("connection")
     if connection is not None:
-        context.configure(connection=connection, target_metadata=target_metadata)
+        context.configure(
+            connection=connection, target_metadata=target_metadata, transaction_per_migration=True
+        )
         with context.begin_transaction():
             context.run_migrations()
         return
     engine = make_engine(Settings())
     with engine.connect() as connection:
-        context.configure(connection=connection, target_metadata=target_metadata)
+        # One transaction per migration: a migration that builds an index CONCURRENTLY commits
+        # what came before it and runs outside a transaction (Alembic's autocommit_block).
+        context.configure(
+            connection=connection, target_metadata=target_metadata, transaction_per_migration=True
+        )
         with context.begin_transaction():
             context.run_migrations()
     engine.dispose()

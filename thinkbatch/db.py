@@ -104,7 +104,9 @@ def migrate(url: str, revision: str = "head", *, down: bool = False) -> None:
     root = Path(__file__).resolve().parent.parent
     config = Config(toml_file=str(root / "pyproject.toml"))
     engine = sa.create_engine(url)
-    with engine.begin() as conn:
+    # Each migration commits on its own (migrations/env.py): one that builds an index
+    # CONCURRENTLY must run outside any transaction.
+    with engine.connect() as conn:
         config.attributes["connection"] = conn
         (command.downgrade if down else command.upgrade)(config, revision)
     engine.dispose()
