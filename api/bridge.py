@@ -1,7 +1,7 @@
 """The WSGI app on the event loop's server: a2wsgi, with its responses handed over in batches.
 
 a2wsgi (a small, maintained WSGI-to-ASGI bridge) runs the Flask app on a pool of threads and
-builds its environ and input; what it does with a response cost more than the app's own work
+builds its environ and input; what it does with a response costs more than the app's own work
 on a small request. Each message of a response (its start, each body chunk, its end) is a
 round trip: the app's thread schedules a put on the event loop and blocks until the loop has
 run it, three round trips for a status call on top of the hop into the pool. On a 2-core
@@ -15,10 +15,13 @@ travels back. The app's thread collects the messages; a response that ends withi
 A longer one (a results download) is flushed in batches of FLUSH_BYTES to a sender task on the
 loop, without waiting for them to be written, so the thread goes on producing while the loop
 writes; it waits only when more than UNSENT_BYTES_MAX are still unwritten, so a client that
-reads slowly holds back its own download and never fills the process's memory. A client that
-goes away mid-download stops the app's iterator at its next batch (its `close()` runs: a
-download's database connection is given back), and the request ends with the server's own
-disconnect error.
+reads slowly holds back its own download and never fills the process's memory.
+
+A client that goes away mid-download ends the request one of two ways: a write to it fails, or
+(gunicorn over HTTP/1, whose writes to a closed connection do nothing) the server cancels the
+request after its disconnect grace period. Either way the app's iterator is stopped at its
+next batch, also while it waits for room: its `close()` runs (a download's database connection
+is given back) and its thread is free for the next request.
 """
 
 from __future__ import annotations
@@ -61,7 +64,10 @@ class Responder(WSGIResponder):
         self.pending_bytes = 0
         self.unsent = 0
         self.room = threading.Condition()
-        self.failed: BaseException | None = None  # what the sender met writing to the client
+        # Why the app's thread must stop: what the sender met writing to the client, or the
+        # request's end (cancelled by the server) while the thread still runs.
+        self.failed: BaseException | None = None
+        self.ended = False  # the request is over: batches the thread still hands over go nowhere
         self.sender_task: asyncio.Task[None] | None = None
         self.client_send: Send | None = None
 
@@ -87,6 +93,14 @@ class Responder(WSGIResponder):
             if self.exc_info is not None:
                 raise self.exc_info[0].with_traceback(self.exc_info[1], self.exc_info[2])
         finally:
+            # However the request ends (a client gone, the server's cancel, an error), a thread
+            # still producing stops at its next batch, also one waiting for room, and nothing
+            # it hands over later starts a sender.
+            with self.room:
+                self.ended = True
+                if self.failed is None:
+                    self.failed = ClientGone("the request ended before its response")
+                self.room.notify_all()
             if self.sender_task is not None and not self.sender_task.done():
                 self.sender_task.cancel()
 
@@ -109,6 +123,8 @@ class Responder(WSGIResponder):
 
     def _deliver(self, batch: list[SendEvent]) -> None:
         """On the loop: queue a batch, starting the sender on the first."""
+        if self.ended:
+            return
         self.batches.put_nowait(batch)
         if self.sender_task is None:
             assert self.client_send is not None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -38,14 +39,48 @@ async def _receive() -> dict[str, Any]:
 
 
 def _serve(app: Any, send: Any, executor: ThreadPoolExecutor) -> Responder:
-    """One request through a Responder on a fresh loop; the responder, for its state."""
+    """One request through a Responder on a fresh loop; the responder, for its state. Within
+    a deadline: a request that never ends fails the test instead of hanging it."""
 
     async def run() -> Responder:
         responder = Responder(app, executor, 10)
-        await responder(SCOPE, _receive, send)  # type: ignore[arg-type]
+        await asyncio.wait_for(responder(SCOPE, _receive, send), 30)  # type: ignore[arg-type]
         return responder
 
     return asyncio.run(run())
+
+
+def _endless(closed: threading.Event, yielded: list[int], start_s: float = 0) -> Any:
+    """An app whose download never ends, as one the client stopped reading; its first bytes
+    after `start_s` (a slow first query)."""
+
+    def app(environ: dict[str, Any], start_response: Any) -> Iterator[bytes]:
+        start_response("200 OK", [("Content-Type", "application/x-ndjson")])
+        time.sleep(start_s)
+        try:
+            while True:
+                yielded[0] += 1
+                yield b"y" * 32_768
+        finally:
+            closed.set()  # a download gives its database connection back here
+
+    return app
+
+
+def _ok(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+    start_response("200 OK", [])
+    return [b"ok"]
+
+
+def _served_after(executor: ThreadPoolExecutor) -> bytes:
+    """A small request's body: served only if the pool's thread is free."""
+    got: list[dict[str, Any]] = []
+
+    async def keep(message: dict[str, Any]) -> None:
+        got.append(message)
+
+    _serve(_ok, keep, executor)
+    return b"".join(m.get("body", b"") for m in got)
 
 
 def test_a_small_response_comes_back_whole_in_one_piece() -> None:
@@ -109,16 +144,6 @@ def test_a_long_response_is_never_far_ahead_of_a_slow_client() -> None:
 def test_a_client_gone_mid_response_stops_the_app_and_frees_its_thread() -> None:
     closed = threading.Event()
     yielded = [0]
-
-    def app(environ: dict[str, Any], start_response: Any) -> Iterator[bytes]:
-        start_response("200 OK", [("Content-Type", "application/x-ndjson")])
-        try:
-            while True:  # endless, as a download the client stopped reading
-                yielded[0] += 1
-                yield b"y" * 32_768
-        finally:
-            closed.set()  # a download gives its database connection back here
-
     sent = [0]
 
     class Gone(OSError):
@@ -131,21 +156,49 @@ def test_a_client_gone_mid_response_stops_the_app_and_frees_its_thread() -> None
 
     with ThreadPoolExecutor(1) as executor:
         with pytest.raises(Gone):  # the server's own error, as it raised it
-            _serve(app, send, executor)
+            _serve(_endless(closed, yielded), send, executor)
         assert closed.wait(5)
         assert yielded[0] < 200  # stopped within a few batches of the error
-        # The app's only thread is free: the next request is served.
-        got: list[dict[str, Any]] = []
+        assert _served_after(executor) == b"ok"  # the app's only thread is free
 
-        async def keep(message: dict[str, Any]) -> None:
-            got.append(message)
 
-        def small(environ: dict[str, Any], start_response: Any) -> list[bytes]:
-            start_response("200 OK", [])
-            return [b"ok"]
+@pytest.mark.parametrize("writes", ["silent", "stuck", "late"])
+def test_a_request_the_server_cancels_stops_the_app_and_frees_its_thread(writes: str) -> None:
+    """gunicorn over HTTP/1 writes nothing to a closed connection and raises nothing: it
+    cancels the request after its disconnect grace period. The app stops whether its batches
+    were being written (`silent`), the thread waited for room behind a write that never
+    returns (`stuck`), or its first batch came only after the cancel (`late`: no sender had
+    started, and none may start for a request that is over)."""
+    closed = threading.Event()
+    yielded = [0]
+    never = asyncio.Event()
 
-        _serve(small, keep, executor)
-    assert b"".join(m.get("body", b"") for m in got) == b"ok"
+    async def send(message: dict[str, Any]) -> None:
+        if writes == "stuck" and message["type"] == "http.response.body":
+            await never.wait()
+        await asyncio.sleep(0)
+
+    async def run(executor: ThreadPoolExecutor) -> bool:
+        app = _endless(closed, yielded, start_s=0.6 if writes == "late" else 0)
+        responder = Responder(app, executor, 10)
+        task = asyncio.ensure_future(responder(SCOPE, _receive, send))  # type: ignore[arg-type]
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # The loop lives on, as a server's does: the app must stop while it runs.
+        for _ in range(100):
+            if closed.is_set():
+                break
+            await asyncio.sleep(0.02)
+        return closed.is_set()
+
+    with ThreadPoolExecutor(1) as executor:
+        stopped = asyncio.run(run(executor))
+        assert stopped, "the app's iterator was not closed while the server ran"
+        stopped_at = yielded[0]
+        assert _served_after(executor) == b"ok"  # the app's only thread is free
+        assert yielded[0] == stopped_at
 
 
 def test_an_app_error_reaches_the_server() -> None:
