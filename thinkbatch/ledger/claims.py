@@ -23,7 +23,7 @@ _LEASE_PICKED = """
         started_at = coalesce(i.started_at, now())
     FROM picked WHERE i.id = picked.id
     RETURNING i.id, i.job_id, i.seq, i.custom_id, i.messages, i.prompt, i.params,
-              i.attempts, i.crashes, i.model
+              i.attempts, i.crashes, i.model, i.prefix_key
 """
 
 # A claim takes a job's pending items in claim order: by prefix key (thinkbatch/jobs/prefix.py,
@@ -125,9 +125,10 @@ def claim(
             ),
             {"id": job_id},
         )
-    claimed = [Claimed(*row) for row in rows]
-    claimed.sort(key=lambda c: c.seq)
-    return claimed
+    # In claim order (UPDATE ... RETURNING keeps none): the engine is handed a chunk in this
+    # order, so the items of one prefix stay next to each other inside it too.
+    ordered = sorted(rows, key=lambda r: (r.prefix_key is None, r.prefix_key or b"", r.seq))
+    return [Claimed(*row[:-1]) for row in ordered]
 
 
 @dataclass(frozen=True, slots=True)
