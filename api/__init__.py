@@ -29,12 +29,13 @@ def create_app(settings: Settings) -> Flask:
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
     app.json.sort_keys = False  # type: ignore[attr-defined]  # keep the documented field order
-    # A connection for each request thread, and as many again for the one request that reads
-    # through a second while it holds its first: a batch's create, which reads its input file
-    # while the items are copied in (tests/api/test_connections.py). Fewer, and a crowd of
-    # requests waits on the pool; fewer than twice as many, and creates can wait on each other.
+    # A connection for each request thread, so that none waits on the pool for its first;
+    # and DB_POOL_SIZE more at a peak for the one request that reads through a second while
+    # it holds its first: a batch's create, which reads its input file while its items are
+    # copied in (tests/api/test_connections.py). Every thread holding its first, a second is
+    # still there for one of them, which ends and gives both back.
     threads = max(settings.api_threads, settings.db_pool_size)
-    engine = make_engine(settings, pool_size=threads, max_overflow=threads)
+    engine = make_engine(settings, pool_size=threads, max_overflow=settings.db_pool_size)
     celery = make_celery(settings)
     front_door = JobService(settings, engine, celery)
     app.extensions["thinkbatch"] = Services(

@@ -1,9 +1,9 @@
 """A wire model as a response: the JSON bytes of pydantic's own serializer (its Rust core).
 
-A view that returned `model.model_dump(mode="json")` had the model turned into Python dicts
-and lists, then encoded again by Flask's JSON provider (the standard library's encoder, in
-Python): for an items page of 100 records, a twentieth of the API's CPU for the request.
-The bytes are the same JSON as before (compact), with text as UTF-8 rather than \\u escapes.
+`model.model_dump(mode="json")` returned from a view turns the model into Python dicts and
+lists, which Flask's JSON provider then encodes again with the standard library's encoder, in
+Python: for an items page of 100 records, a fifth of the API's CPU for the request
+(`python -m bench.poll_cpu`). These bytes are the same compact JSON, text in UTF-8.
 """
 
 from __future__ import annotations

@@ -328,7 +328,8 @@ class Item(Base):
     error_param: orm.Mapped[str | None] = orm.mapped_column(sa.String(256))
     # Claims take pending items in this order (CLAIM_ORDER=prefix): items whose prompts
     # begin alike are next to each other (thinkbatch/jobs/prefix.py). NULL: a refused item,
-    # or one stored before the key existed; those come last, in seq order.
+    # one stored with CLAIM_ORDER=submitted, or one of a job stored before migration 0010;
+    # those come last, in seq order.
     prefix_key: orm.Mapped[bytes | None] = orm.mapped_column(sa.LargeBinary)
 
     __table_args__ = (

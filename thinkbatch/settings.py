@@ -472,8 +472,9 @@ class Settings(BaseSettings):
     db_pool_size: int = Field(
         5,
         ge=1,
-        description="SQLAlchemy pool size per process (and as many more at a peak). An API "
-        "process keeps API_THREADS at least: a connection for each request thread.",
+        description="SQLAlchemy pool size per process, and as many more at a peak. An API "
+        "process pools API_THREADS at least (a connection for each request thread), and this "
+        "many more at a peak.",
     )
     analyze_after_items: int = Field(
         10_000,

@@ -1,11 +1,11 @@
-"""A request never holds two of the pool's connections at once.
+"""A request never holds two of the pool's connections at once, but a batch's create.
 
 The authentication reads the key through the request's connection. A view that then took a
 connection of its own while the request still held that one would need two at once, and
-API_THREADS requests doing so, with a pool of fewer than twice as many connections, each hold
-one and wait for another until the pool's timeout: a results download under a crowd of pollers
-answered 500s after 30 s. Views that read through the request's connection are marked
-(`reads_request_connection`); every other view gets it back before it runs."""
+API_THREADS requests doing so, each holding one and waiting for another, would wait on each
+other until the pool's timeout and answer 500. Views that read through the request's
+connection are marked (`reads_request_connection`); every other view gets it back before it
+runs. The API's pool has a connection for each request thread and more for a batch's create."""
 
 from __future__ import annotations
 
@@ -94,13 +94,13 @@ def test_no_route_holds_two_connections(app: Flask, client: FlaskClient) -> None
     assert sum(held.now.values()) == 0  # every one given back
 
 
-def test_the_pool_holds_two_connections_for_each_request_thread(
+def test_the_pool_holds_a_connection_for_each_request_thread_and_more(
     make_app: Callable[..., Flask],
 ) -> None:
     engine = services_engine(make_app(api_threads=7, db_pool_size=3))
     pool = engine.pool
     assert isinstance(pool, QueuePool)
-    assert pool.size() == 7 and pool._max_overflow == 7
+    assert pool.size() == 7 and pool._max_overflow == 3
 
 
 def services_engine(app: Flask) -> sa.Engine:

@@ -274,5 +274,6 @@ def test_the_engines_scheduler_load_is_in_the_worker_metrics(
     assert client.wait(alike["id"])["status"] == "completed"
     queries, hits = cache()
     prompt_tokens = client.job(alike["id"])["usage"]["prompt_tokens"]
-    assert queries - queries_before == prompt_tokens
-    assert 0.5 * prompt_tokens < hits - hits_before < prompt_tokens
+    # Every prompt looked up once (more if an item ran again), most of each found cached.
+    assert queries - queries_before >= prompt_tokens
+    assert 0.5 * prompt_tokens < hits - hits_before < queries - queries_before
