@@ -5,9 +5,9 @@ builds its environ and input; what it does with a response costs more than the a
 on a small request. Each message of a response (its start, each body chunk, its end) is a
 round trip: the app's thread schedules a put on the event loop and blocks until the loop has
 run it, three round trips for a status call on top of the hop into the pool. On a 2-core
-x86_64 CPU host, `python -m bench.http_stack` measured the API's CPU per request at 1,310 us
-for /healthz and 2,850 us for a status call behind a2wsgi's own responder, against 800 and
-2,380 us with this one.
+x86_64 CPU host, `python -m bench.http_stack` measured the API's CPU per request with this
+responder at 0.62 of a2wsgi's own for /healthz and 0.77 for a status call (its latest output
+is in docs/performance.md).
 
 `Responder` keeps a2wsgi's environ, input and thread pool, and changes only how a response
 travels back. The app's thread collects the messages; a response that ends within FLUSH_BYTES
