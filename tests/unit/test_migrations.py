@@ -58,6 +58,17 @@ def _counts(conn: sa.Connection, job_id: object) -> tuple[tuple[int, ...], tuple
     return tuple(kept), tuple(recounted)
 
 
+def _running_job(conn: sa.Connection) -> object:
+    """A running job's row with the columns every revision here has; its id."""
+    return conn.execute(
+        sa.text(
+            "INSERT INTO jobs (id, tenant, status, model, params, priority, created_at,"
+            " expires_at) VALUES (gen_random_uuid(), 't', 'running', 'm', '{}', 0, now(),"
+            " now() + interval '1 day') RETURNING id"
+        )
+    ).scalar_one()
+
+
 def test_counts_by_the_ledger_on_a_populated_database(servers: Servers) -> None:
     """0008 moves a job's counts from the update triggers to the ledger: a job stored and half
     run before it keeps its counts through the upgrade, the ledger then counts on from them
@@ -67,13 +78,7 @@ def test_counts_by_the_ledger_on_a_populated_database(servers: Servers) -> None:
     migrate(url, "0007")
     engine = sa.create_engine(url)
     with engine.begin() as conn:
-        job_id = conn.execute(
-            sa.text(
-                "INSERT INTO jobs (id, tenant, status, model, params, priority, created_at,"
-                " expires_at) VALUES (gen_random_uuid(), 't', 'running', 'm', '{}', 0, now(),"
-                " now() + interval '1 day') RETURNING id"
-            )
-        ).scalar_one()
+        job_id = _running_job(conn)
         conn.execute(
             sa.text(
                 "INSERT INTO items (job_id, seq, custom_id, prompt, status)"
@@ -155,13 +160,7 @@ def test_count_deltas_on_a_populated_database(servers: Servers) -> None:
     migrate(url, "0008")
     engine = sa.create_engine(url)
     with engine.begin() as conn:
-        job_id = conn.execute(
-            sa.text(
-                "INSERT INTO jobs (id, tenant, status, model, params, priority, created_at,"
-                " expires_at) VALUES (gen_random_uuid(), 't', 'running', 'm', '{}', 0, now(),"
-                " now() + interval '1 day') RETURNING id"
-            )
-        ).scalar_one()
+        job_id = _running_job(conn)
         conn.execute(
             sa.text(
                 "INSERT INTO items (job_id, seq, custom_id, prompt, status, attempts,"
@@ -204,19 +203,13 @@ def test_count_deltas_on_a_populated_database(servers: Servers) -> None:
 
 def test_prefix_order_on_a_populated_database(servers: Servers) -> None:
     """0010 adds the claim key: a job stored before it, half claimed, keeps its items and is
-    claimed on in seq order (its keys are NULL); down again,
-    the key and its index are gone and the claim index of a named model is the old one."""
+    claimed on in seq order (its keys are NULL); down again, the key and its index are gone
+    and the claim index of a named model is the old one."""
     url = recreate_database(servers.postgres_admin_url, database_name("migrations"))
     migrate(url, "0009")
     engine = sa.create_engine(url)
     with engine.begin() as conn:
-        job_id = conn.execute(
-            sa.text(
-                "INSERT INTO jobs (id, tenant, status, model, params, priority, created_at,"
-                " expires_at) VALUES (gen_random_uuid(), 't', 'running', 'm', '{}', 0, now(),"
-                " now() + interval '1 day') RETURNING id"
-            )
-        ).scalar_one()
+        job_id = _running_job(conn)
         conn.execute(
             sa.text(
                 "INSERT INTO items (job_id, seq, custom_id, prompt, status)"
