@@ -50,6 +50,7 @@ from thinkbatch.jobs.fleet import ModelLoad
 from thinkbatch.jobs.fleet import live_workers
 from thinkbatch.jobs.fleet import parents as fleet_parents
 from thinkbatch.jobs.fleet import work_by_model
+from thinkbatch.jobs.planner import Refresher
 from thinkbatch.jobs.wire import ItemIn
 from thinkbatch.jobs.wire import ItemPage
 from thinkbatch.jobs.wire import JobHeader
@@ -101,6 +102,7 @@ class JobService:
         self.engine = engine
         self.celery = celery
         self.sessions = make_sessionmaker(engine)
+        self.planner = Refresher(engine.url)
         # The same pool, each statement its own transaction: a poll's reads then cost no BEGIN
         # and no ROLLBACK round trip, only their own.
         self.reads = engine.execution_options(isolation_level="AUTOCOMMIT")
@@ -298,13 +300,13 @@ class JobService:
             # hint (or polling) may already have claimed it, and the answer would depend on
             # the race.
             stored = self._load(job.id, session)
-        if 0 < settings.analyze_after_items <= rows.count:
-            ledger.analyze_items(self.engine)
         if runnable > 0:
             by_model = dict(rows.by_model)
             if rows.job_model_items:
                 by_model[job_model] = by_model.get(job_model, 0) + rows.job_model_items
             self._hint(job.id, by_model)
+        if 0 < settings.analyze_after_items <= rows.count:
+            self.planner.request()
         return Submitted(stored, replayed=False)
 
     def _new_job(
