@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy import orm
 
 from thinkbatch import ledger
+from thinkbatch.db import Prepared
 from thinkbatch.models import DEFAULT_TENANT
 from thinkbatch.models import ApiKey
 
@@ -78,8 +79,8 @@ def create_key(session: orm.Session, tenant: str, name: str = "") -> tuple[str, 
 
 # Runs on every authenticated request: two columns by the unique prefix, as a plain statement
 # (no ORM entity to build), so that a poll pays a round trip for its key and little else.
-_VERIFY = sa.text(
-    "SELECT tenant, key_hash FROM api_keys WHERE prefix = :prefix AND revoked_at IS NULL"
+_VERIFY = Prepared(
+    sa.text("SELECT tenant, key_hash FROM api_keys WHERE prefix = :prefix AND revoked_at IS NULL")
 )
 
 
@@ -91,11 +92,11 @@ def verify_key(session: orm.Session | sa.Connection, key: str) -> Caller | None:
     presented = _hash(key)
     row = None
     if match:
-        row = session.execute(_VERIFY, {"prefix": match.group(1)}).first()
-    stored = bytes(row.key_hash) if row is not None else _NO_KEY
+        row = _VERIFY.first(session, prefix=match.group(1))
+    stored = bytes(row[1]) if row is not None else _NO_KEY
     if not hmac.compare_digest(presented, stored) or row is None:
         return None
-    return Caller(tenant=row.tenant, key_prefix=match.group(1) if match else None)
+    return Caller(tenant=row[0], key_prefix=match.group(1) if match else None)
 
 
 def list_keys(

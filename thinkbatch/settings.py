@@ -476,12 +476,21 @@ class Settings(BaseSettings):
         "process pools API_THREADS at least (a connection for each request thread), and this "
         "many more at a peak.",
     )
+    db_ping_after_idle_s: float = Field(
+        1.0,
+        ge=0,
+        description="A pooled connection idle for longer than this is pinged (a round trip) "
+        "before use; one used more recently is only checked for a word from the server (a "
+        "restart or a terminated session is found either way). 0: ping before every use, for "
+        "a path that drops idle sessions silently (a proxy, a NAT).",
+    )
     analyze_after_items: int = Field(
         10_000,
         ge=0,
         description="A job of at least this many items has the items table's planner "
-        "statistics refreshed (ANALYZE) once it is stored, so that its pages are planned as the "
-        "large job it is (0: never; autovacuum alone may take minutes to notice).",
+        "statistics refreshed (ANALYZE) once it is stored, off the submit's path, so that its "
+        "pages are planned as the large job it is (0: never; autovacuum alone may take "
+        "minutes to notice).",
     )
 
     # --- operations: metrics and logs ------------------------------------------------------

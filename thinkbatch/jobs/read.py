@@ -14,6 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import orm
 
+from thinkbatch.db import Prepared
 from thinkbatch.errors import InputError
 from thinkbatch.errors import NotFound
 from thinkbatch.jobs import results
@@ -64,38 +65,40 @@ class JobRecord:
     error_message: str | None
 
 
-_RECORD = sa.select(
-    Job.id,
-    Job.status,
-    Job.model,
-    Job.models,
-    Job.priority,
-    Job.created_at,
-    Job.started_at,
-    Job.finished_at,
-    Job.expires_at,
-    Job.total,
-    Job.pending,
-    Job.running,
-    Job.succeeded,
-    Job.failed,
-    Job.cancelled,
-    Job.expired,
-    Job.prompt_tokens,
-    Job.completion_tokens,
-    Job.reasoning_tokens,
-    Job.meta,
-    Job.error_code,
-    Job.error_message,
-).where(Job.id == sa.bindparam("job_id"), Job.tenant == sa.bindparam("tenant"))
+_RECORD = Prepared(
+    sa.select(
+        Job.id,
+        Job.status,
+        Job.model,
+        Job.models,
+        Job.priority,
+        Job.created_at,
+        Job.started_at,
+        Job.finished_at,
+        Job.expires_at,
+        Job.total,
+        Job.pending,
+        Job.running,
+        Job.succeeded,
+        Job.failed,
+        Job.cancelled,
+        Job.expired,
+        Job.prompt_tokens,
+        Job.completion_tokens,
+        Job.reasoning_tokens,
+        Job.meta,
+        Job.error_code,
+        Job.error_message,
+    ).where(Job.id == sa.bindparam("job_id"), Job.tenant == sa.bindparam("tenant"))
+)
 
 
 def job_record(conn: sa.Connection, caller: Caller, job_id: uuid.UUID) -> JobRecord:
     """The caller's job as a JobRecord (NotFound as get_job), by one statement built once."""
-    row = conn.execute(_RECORD, {"job_id": job_id, "tenant": caller.tenant}).first()
+    row = _RECORD.first(conn, job_id=job_id, tenant=caller.tenant)
     if row is None:
         raise NotFound(str(job_id))
-    return JobRecord(*tuple(row))
+    return JobRecord(*row)
 
 
 def waiting_for(conn: sa.Connection, job: Job | JobRecord, live: dict[str, int]) -> list[str]:
