@@ -241,11 +241,15 @@ class Prepared:
         self.defaults: dict[str, Any] = dict(compiled.construct_params(_check=False))
 
     def first(self, conn: sa.Connection | orm.Session, **params: object) -> tuple[Any, ...] | None:
+        rows = self.all(conn, **params)
+        return rows[0] if rows else None
+
+    def all(self, conn: sa.Connection | orm.Session, **params: object) -> list[tuple[Any, ...]]:
         if isinstance(conn, orm.Session):
             conn = conn.connection()
         driver = conn.connection.driver_connection
         assert driver is not None
         with driver.cursor() as cursor:
             cursor.execute(self.sql, {**self.defaults, **params}, prepare=True)
-            row: tuple[Any, ...] | None = cursor.fetchone()
-            return row
+            rows: list[tuple[Any, ...]] = cursor.fetchall()
+            return rows

@@ -9,6 +9,7 @@ client downloading 100,000 answers need not pay for the reasoning).
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from thinkbatch.db import Prepared
 from thinkbatch.jobs.wire import ChoiceOut
 from thinkbatch.jobs.wire import ItemOut
 from thinkbatch.models import Item
@@ -162,7 +164,7 @@ _NO_THINKING = tuple(
 
 
 def query(
-    job_id: uuid.UUID,
+    job_id: uuid.UUID | sa.BindParameter[uuid.UUID],
     *,
     status: ItemStatus | None = None,
     succeeded: bool | None = None,
@@ -193,7 +195,23 @@ def query(
     return select
 
 
-def row(values: sa.Row[Any]) -> ResultRow:
+@functools.cache
+def page_statement(*, include_thinking: bool, by_status: bool, window: bool) -> Prepared:
+    """A page of a job's rows as one prepared statement, built and compiled once per shape:
+    the rows after place `start` (and with `window`, up to place `end`), of `status` when
+    `by_status`, at most `limit`. A page read this way cost about half a millisecond of CPU
+    less than one built for each request and read through SQLAlchemy's result
+    (`python -m bench.poll_cpu`)."""
+    select = query(sa.bindparam("job_id", type_=sa.Uuid), include_thinking=include_thinking)
+    select = select.where(Item.seq > sa.bindparam("start", type_=sa.Integer))
+    if by_status:
+        select = select.where(Item.status == sa.bindparam("status", type_=sa.String))
+    if window:
+        select = select.where(Item.seq <= sa.bindparam("end", type_=sa.Integer))
+    return Prepared(select.limit(sa.bindparam("limit", type_=sa.Integer)))
+
+
+def row(values: sa.Row[Any] | tuple[Any, ...]) -> ResultRow:
     fields: list[Any] = list(values)
     status = fields[3]
     fields[3] = status.value if isinstance(status, ItemStatus) else str(status)
