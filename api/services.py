@@ -46,9 +46,10 @@ def reads_request_connection(view: F) -> F:
 
 def request_connection() -> sa.Connection:
     """This request's connection for reads (autocommit, JobService.reads), taken once and
-    shared by the authentication and the view: one checkout (and one liveness ping) per
-    request instead of one per query. Returned before the response is sent (init_app), and
-    before the view runs unless the view is marked `reads_request_connection`."""
+    shared by the authentication and the view: one checkout (and its liveness check,
+    thinkbatch.db.needs_ping) per request instead of one per query. Returned before the
+    response is sent (init_app), and before the view runs unless the view is marked
+    `reads_request_connection`."""
     conn: sa.Connection | None = g.get("thinkbatch_reads")
     if conn is None:
         conn = g.thinkbatch_reads = services().jobs.reads.connect()

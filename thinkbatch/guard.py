@@ -234,7 +234,9 @@ class _Frame:
         self.kind = kind
         self.value = value  # the dict or list being built (None for the top level and items)
         self.key: str | None = None
-        self.keys: set[str] = set()
+        # The keys seen, where no dict being built holds them (the top level); a map's own
+        # dict tells its duplicates: a key's value is in it before the next key comes.
+        self.keys: set[str] | None = set() if kind == _TOP else None
         self.index = 0  # elements completed, in an array
 
 
@@ -251,57 +253,27 @@ def _path(stack: list[_Frame], child: bool = True) -> str:
     return path
 
 
-def _check_text(value: str, stack: list[_Frame], what: str = "") -> None:
-    if "\x00" in value:
-        path = _path(stack)
-        raise _bad(f"{path or 'request body'}: {what}must not contain NUL (\\u0000)", path or None)
+def _nul(stack: list[_Frame], what: str = "") -> InputError:
+    path = _path(stack)
+    return _bad(f"{path or 'request body'}: {what}must not contain NUL (\\u0000)", path or None)
 
 
-class _Tally:
-    """The counts of Limits for the value being read (an item, or the whole object)."""
+def _too_large(where: str, limits: Limits, values: int) -> InputError:
+    shown = where or "request body"
+    if values > limits.max_values:
+        message = f"{shown}: holds more than {limits.max_values} JSON values (MAX_ITEM_VALUES)"
+    else:
+        message = f"{shown}: holds more than {limits.max_chars} characters (MAX_ITEM_CHARS)"
+    return _bad(message, where or None, "item_too_large")
 
-    __slots__ = ("limits", "values", "chars", "where")
 
-    def __init__(self, limits: Limits):
-        self.limits = limits
-        self.values = self.chars = 0
-        self.where = ""
-
-    def start(self, where: str) -> None:
-        self.values = self.chars = 0
-        self.where = where
-
-    def add(self, stack: list[_Frame], chars: int = 0) -> None:
-        self.values += 1
-        self.chars += chars
-        limits = self.limits
-        if self.values > limits.max_values:
-            where = self.where or "request body"
-            raise _bad(
-                f"{where}: holds more than {limits.max_values} JSON values (MAX_ITEM_VALUES)",
-                self.where or None,
-                "item_too_large",
-            )
-        if self.chars > limits.max_chars:
-            where = self.where or "request body"
-            raise _bad(
-                f"{where}: holds more than {limits.max_chars} characters (MAX_ITEM_CHARS)",
-                self.where or None,
-                "item_too_large",
-            )
-        parent = stack[-1]
-        if (
-            parent.kind == _ARRAY
-            and parent.index >= limits.max_messages
-            and len(stack) >= 2
-            and stack[-2].key == "messages"
-        ):
-            path = _path(stack, child=False)
-            raise _bad(
-                f"{path}: more than {limits.max_messages} messages (MAX_MESSAGES_PER_ITEM)",
-                path,
-                "too_many_messages",
-            )
+def _too_many_messages(stack: list[_Frame], limits: Limits) -> InputError:
+    path = _path(stack, child=False)
+    return _bad(
+        f"{path}: more than {limits.max_messages} messages (MAX_MESSAGES_PER_ITEM)",
+        path,
+        "too_many_messages",
+    )
 
 
 def read_body(stream: IO[bytes], limits: Limits) -> Iterator[tuple[str, Any]]:
@@ -310,38 +282,67 @@ def read_body(stream: IO[bytes], limits: Limits) -> Iterator[tuple[str, Any]]:
     in body order.
 
     Objects and arrays may nest `limits.max_depth` levels (the body's own object is level 1).
-    Numbers too large for the parser are refused as out of range, never a server error."""
+    Numbers too large for the parser are refused as out of range, never a server error.
+
+    This loop runs for every event of every item (some twenty for a plain item), so its
+    checks are written out in it rather than called: the counts are locals, and a map's
+    duplicate keys are found in the dict being built. It cost 7.8 us an item of a
+    100,000-item job with the counts in an object and a set of keys per map."""
     guard = _Guard(stream)
     stack: list[_Frame] = []
-    tally = _Tally(limits)
     items_key = limits.items_key
+    max_depth, max_values, max_chars = limits.max_depth, limits.max_values, limits.max_chars
+    max_messages = limits.max_messages
+    # The counts of Limits for the value being read (an item, a field, or the whole object).
+    values = chars = 0
+    where = ""
     done = False
     try:
         for event, value in ijson.basic_parse(guard, use_float=True):
             if event == "map_key":
                 frame = stack[-1]
                 frame.key = None  # the path of a bad key is its map's
-                _check_text(value, stack, "a key ")
-                if value in frame.keys:
+                if "\x00" in value:
+                    raise _nul(stack, "a key ")
+                seen = frame.value if frame.keys is None else frame.keys
+                if value in seen:
                     frame.key = value
                     path = _path(stack)
                     raise _bad(f"{path}: duplicate key", path, "duplicate_key")
-                frame.keys.add(value)
+                if frame.keys is not None:
+                    frame.keys.add(value)
                 frame.key = value
-                tally.chars += len(value)
+                chars += len(value)
                 continue
-            if stack and event != "end_map" and event != "end_array":
-                if stack[-1].kind == _ITEMS:
-                    tally.start(_path(stack))  # a new item: its own counts
-                elif stack[-1].kind == _TOP and items_key is not None:
-                    tally.start(stack[-1].key or "")  # a field of the job: its own too
-            if event == "start_map" or event == "start_array":
-                if len(stack) >= limits.max_depth:
-                    where = _path(stack) or None
+            if event == "string" and stack and stack[-1].kind == _MAP:
+                # The most common event by far (a role, a content, an id), the checks below
+                # as they apply to it: a map's member, so no new count and no array's limit.
+                values += 1
+                if "\x00" in value:
+                    raise _nul(stack)
+                chars += len(value)
+                if values > max_values or chars > max_chars:
+                    raise _too_large(where, limits, values)
+                parent = stack[-1]
+                parent.value[parent.key] = value
+                continue
+            opens = event == "start_map" or event == "start_array"
+            closes = not opens and (event == "end_map" or event == "end_array")
+            if stack and not closes:
+                kind = stack[-1].kind
+                if kind == _ITEMS:
+                    values = chars = 0  # a new item: its own counts
+                    where = _path(stack)
+                elif kind == _TOP and items_key is not None:
+                    values = chars = 0  # a field of the job: its own too
+                    where = stack[-1].key or ""
+            if opens:
+                if len(stack) >= max_depth:
+                    at = _path(stack) or None
                     raise _bad(
-                        f"{where or 'request body'}: nested deeper than {limits.max_depth} "
+                        f"{at or 'request body'}: nested deeper than {max_depth} "
                         "levels of objects and arrays",
-                        where,
+                        at,
                         "too_deep",
                     )
                 if not stack:
@@ -349,8 +350,8 @@ def read_body(stream: IO[bytes], limits: Limits) -> Iterator[tuple[str, Any]]:
                         raise _bad("request body: Input should be an object", code="invalid_type")
                     stack.append(_Frame(_TOP))
                     continue
-                top = stack[-1].kind == _TOP
-                if top and items_key is not None and stack[-1].key == items_key:
+                parent = stack[-1]
+                if parent.kind == _TOP and items_key is not None and parent.key == items_key:
                     if event != "start_array":
                         raise _bad(
                             f"{items_key}: Input should be a valid array",
@@ -360,10 +361,19 @@ def read_body(stream: IO[bytes], limits: Limits) -> Iterator[tuple[str, Any]]:
                     stack.append(_Frame(_ITEMS))
                     yield "items", None
                     continue
-                tally.add(stack)
+                values += 1
+                if values > max_values or chars > max_chars:
+                    raise _too_large(where, limits, values)
+                if (
+                    parent.kind == _ARRAY
+                    and parent.index >= max_messages
+                    and len(stack) >= 2
+                    and stack[-2].key == "messages"
+                ):
+                    raise _too_many_messages(stack, limits)
                 stack.append(_Frame(_MAP, {}) if event == "start_map" else _Frame(_ARRAY, []))
                 continue
-            if event == "end_map" or event == "end_array":
+            if closes:
                 value = stack.pop().value
                 if not stack:
                     done = True  # read on: anything after the object is an error of yajl's
@@ -373,32 +383,45 @@ def read_body(stream: IO[bytes], limits: Limits) -> Iterator[tuple[str, Any]]:
             elif not stack:
                 raise _bad("request body: Input should be an object", code="invalid_type")
             else:
-                if isinstance(value, str):
-                    _check_text(value, stack)
-                    tally.add(stack, len(value))
-                else:
-                    tally.add(stack)
+                values += 1
+                if value.__class__ is str:
+                    if "\x00" in value:
+                        raise _nul(stack)
+                    chars += len(value)
+                if values > max_values or chars > max_chars:
+                    raise _too_large(where, limits, values)
+                parent = stack[-1]
+                if (
+                    parent.kind == _ARRAY
+                    and parent.index >= max_messages
+                    and len(stack) >= 2
+                    and stack[-2].key == "messages"
+                ):
+                    raise _too_many_messages(stack, limits)
             parent = stack[-1]
-            if parent.kind == _TOP:
+            kind = parent.kind
+            if kind == _MAP:
+                parent.value[parent.key] = value
+            elif kind == _ARRAY:
+                parent.value.append(value)
+                parent.index += 1
+            elif kind == _ITEMS:
+                yield "item", value
+                parent.index += 1
+            else:
                 if items_key is not None and parent.key == items_key:
                     raise _bad(
                         f"{items_key}: Input should be a valid array", items_key, "list_type"
                     )
                 yield "field", (parent.key, value)
-            elif parent.kind == _ITEMS:
-                yield "item", value
-                parent.index += 1
-            elif parent.kind == _MAP:
-                parent.value[parent.key] = value
-            else:
-                parent.value.append(value)
-                parent.index += 1
     except ijson.JSONError as error:
         reason = str(error.args[0] if error.args else "")
         if "overflow" in reason and stack:  # a number yajl cannot hold, at the current field
             path = _path(stack)
-            kind = "integer" if "integer" in reason else "number"
-            raise _bad(f"{path}: {kind} out of range", path, f"{kind}_out_of_range") from None
+            kind_name = "integer" if "integer" in reason else "number"
+            raise _bad(
+                f"{path}: {kind_name} out of range", path, f"{kind_name}_out_of_range"
+            ) from None
         raise _json_error(error, guard) from None
     if not done:
         raise _json_error(ijson.IncompleteJSONError("premature EOF"), guard)
