@@ -150,6 +150,10 @@ def find_by_key(
     return (row.id, row.request_digest) if row is not None else None
 
 
+# What the pages, the status filters, the after= lookup and the claims select items by.
+_SELECTED_BY = ("job_id", "status", "seq", "custom_id", "model", "prefix_key", "crashes")
+
+
 def analyze_items(engine: sa.Engine, lock_timeout_ms: int = 200) -> bool:
     """Refresh the planner's statistics of `items` (ANALYZE), as after any bulk load; False when
     another ANALYZE (autovacuum's) held the table for `lock_timeout_ms`, and is doing it.
@@ -157,11 +161,16 @@ def analyze_items(engine: sa.Engine, lock_timeout_ms: int = 200) -> bool:
     A job the statistics have not seen is planned as a small one: while the table holds fewer
     jobs than the statistics keep values (100), any new job is taken for a single row. A page
     of a large job then read the whole job, and the `after=` lookup of its custom_id went by
-    the wrong index: 15 ms a deep page of a 50,000-item job here, against under 1 ms."""
+    the wrong index: 15 ms a deep page of a 50,000-item job here, against under 1 ms.
+
+    Only the columns that reads and claims select items by are analyzed: on a table of
+    80,000 items here, every column's statistics took 190 ms of Postgres and these columns'
+    53 ms (the messages' jsonb and the other text columns are the rest). Autovacuum keeps
+    the other columns' statistics as it always has."""
     try:
         with engine.begin() as conn:
             conn.execute(sa.text(f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}"))
-            conn.execute(sa.text("ANALYZE items"))
+            conn.execute(sa.text(f"ANALYZE items ({', '.join(_SELECTED_BY)})"))
     except sa.exc.OperationalError as error:
         if "lock timeout" not in str(error):
             raise
