@@ -43,7 +43,16 @@ def cpu_snapshot(database: str = "") -> dict[int, tuple[str, float]]:
     for proc in psutil.process_iter(["name", "cmdline", "cpu_times"]):
         times = proc.info["cpu_times"]
         if times is not None and _ours(proc, descendants, database):
-            snapshot[proc.pid] = (_category(proc), times.user + times.system)
+            category = _category(proc)
+            seconds = times.user + times.system
+            if category == "postgres" and not " ".join(proc.info["cmdline"] or []).startswith(
+                "postgres:"
+            ):
+                # The embedded postmaster: with its reaped children's time, so that a backend
+                # that came and went between two snapshots (a connection of its own, as the
+                # ANALYZE after a large submit takes) is counted too.
+                seconds += times.children_user + times.children_system
+            snapshot[proc.pid] = (category, seconds)
     return snapshot
 
 
