@@ -31,6 +31,7 @@ def test_upgrade_head_on_empty_database_matches_models(servers: Servers) -> None
         "tb_items_counts_insert",
         "tb_items_counts_delete",
         "tb_items_delete_results",
+        "tb_jobs_delete_items",
     }
 
 
@@ -258,3 +259,68 @@ def test_prefix_order_on_a_populated_database(servers: Servers) -> None:
     assert "prefix_key" not in columns and total == 10
     assert "ix_items_pending_prefix" not in indexes
     assert "(job_id, model, seq)" in indexes["ix_items_pending_model"]
+
+
+def test_items_without_the_job_key_on_a_populated_database(servers: Servers) -> None:
+    """0011 drops the items' key to their job: a job stored before it keeps its items and
+    results, and deleting it still deletes them (its trigger, then the items'); down again,
+    the key is back and does the same."""
+    url = recreate_database(servers.postgres_admin_url, database_name("migrations"))
+    migrate(url, "0010")
+    engine = sa.create_engine(url)
+
+    def stored_job(conn: sa.Connection) -> object:
+        job_id = _running_job(conn)
+        conn.execute(
+            sa.text(
+                "INSERT INTO items (job_id, seq, custom_id, prompt, status, attempts,"
+                " lease_owner, lease_expires_at)"
+                " SELECT :j, k, 'c' || k, 'p', 'running', 1, 'w1', now() + interval '1 hour'"
+                " FROM generate_series(0, 3) AS k"
+            ),
+            {"j": job_id},
+        )
+        running = conn.execute(
+            sa.text("SELECT id, attempts FROM items WHERE job_id = :j ORDER BY seq"),
+            {"j": job_id},
+        ).all()
+        done = [
+            ledger.Done(r.id, job_id, r.attempts, "", "a", "stop", False, 5, 2, 1) for r in running
+        ]
+        assert len(ledger.complete(conn, "w1", done[:2])) == 2
+        return job_id
+
+    def left_of(conn: sa.Connection, job_id: object) -> tuple[int, int]:
+        items = conn.execute(
+            sa.text("SELECT count(*) FROM items WHERE job_id = :j"), {"j": job_id}
+        ).scalar_one()
+        results = conn.execute(
+            sa.text("SELECT count(*) FROM item_results WHERE job_id = :j"), {"j": job_id}
+        ).scalar_one()
+        return items, results
+
+    def keys(conn: sa.Connection) -> list[str]:
+        return list(
+            conn.execute(
+                sa.text(
+                    "SELECT conname FROM pg_constraint"
+                    " WHERE conrelid = 'items'::regclass AND contype = 'f'"
+                )
+            ).scalars()
+        )
+
+    with engine.begin() as conn:
+        before, kept = stored_job(conn), stored_job(conn)
+    migrate(url)
+    with engine.begin() as conn:
+        assert keys(conn) == []
+        assert left_of(conn, before) == (4, 2)
+        conn.execute(sa.text("DELETE FROM jobs WHERE id = :j"), {"j": before})
+        assert left_of(conn, before) == (0, 0)
+        assert left_of(conn, kept) == (4, 2)  # another job's are left alone
+    migrate(url, "0010", down=True)
+    with engine.begin() as conn:
+        assert keys(conn) == ["fk_items_job_id_jobs"]
+        conn.execute(sa.text("DELETE FROM jobs WHERE id = :j"), {"j": kept})
+        assert left_of(conn, kept) == (0, 0)
+    engine.dispose()
