@@ -17,6 +17,7 @@ from sqlalchemy import event
 from sqlalchemy import exc
 from sqlalchemy import orm
 from sqlalchemy.dialects.postgresql import psycopg as postgresql_psycopg
+from sqlalchemy.pool import NullPool
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from thinkbatch.settings import Settings
@@ -88,6 +89,9 @@ def make_engine(settings: Settings, **kwargs: object) -> sa.Engine:
         "connect_args": {"connect_timeout": 5, **peer.connect_args()},
     }
     options.update(kwargs)
+    if options.get("poolclass") is NullPool:  # a connection per use: no pool to size
+        options.pop("pool_size", None)
+        options.pop("max_overflow", None)
     engine = sa.create_engine(url, **options)
     # Set on each new connection, not passed as a startup `options` parameter: connection
     # poolers (PgBouncer) refuse unknown startup parameters unless told to ignore them.
@@ -150,7 +154,9 @@ def _check_on_checkout(engine: sa.Engine, idle_s: float) -> None:
         try:
             ping(dbapi_connection)
         except Exception as error:
-            raise exc.DisconnectionError(f"a pooled connection was dead: {error}") from error
+            # As pool_pre_ping does: the pool's other connections of the same age are taken
+            # for dead too and replaced at their next checkout, and this one now.
+            raise exc.InvalidatePoolError(f"a pooled connection was dead: {error}") from error
 
     @event.listens_for(engine, "checkin")
     def _returned(_dbapi_connection: Any, record: Any) -> None:
@@ -245,11 +251,36 @@ class Prepared:
         return rows[0] if rows else None
 
     def all(self, conn: sa.Connection | orm.Session, **params: object) -> list[tuple[Any, ...]]:
+        """The rows, on `conn` (a Session's pending changes are not flushed first)."""
         if isinstance(conn, orm.Session):
-            conn = conn.connection()
+            conn = conn.connection()  # begins the Session's transaction, as execute would
         driver = conn.connection.driver_connection
         assert driver is not None
-        with driver.cursor() as cursor:
-            cursor.execute(self.sql, {**self.defaults, **params}, prepare=True)
-            rows: list[tuple[Any, ...]] = cursor.fetchall()
-            return rows
+        if not driver.autocommit and not conn.in_transaction():
+            conn.begin()  # the transaction the driver opens is then SQLAlchemy's to end
+        values = {**self.defaults, **params}
+        try:
+            with driver.cursor() as cursor:
+                cursor.execute(self.sql, values, prepare=True)
+                rows: list[tuple[Any, ...]] = cursor.fetchall()
+        except psycopg.Error as error:
+            raise self._as_sqlalchemy_raises(conn, driver, values, error) from error
+        return rows
+
+    def _as_sqlalchemy_raises(
+        self, conn: sa.Connection, driver: Any, values: dict[str, Any], error: psycopg.Error
+    ) -> exc.StatementError:
+        """The driver's error as SQLAlchemy's execute raises it (an OperationalError for a lost
+        connection), with a lost connection invalidated: the API answers it 503 and
+        retry_transient retries it, as for any other statement."""
+        gone = bool(conn.dialect.is_disconnect(error, driver, None))  # type: ignore[arg-type]
+        if gone and not conn.invalidated:
+            conn.invalidate(error)
+        return exc.DBAPIError.instance(
+            self.sql,
+            values,
+            error,
+            psycopg.Error,
+            connection_invalidated=gone,
+            dialect=conn.dialect,
+        )

@@ -106,3 +106,33 @@ def test_the_pool_holds_a_connection_for_each_request_thread_and_more(
 def services_engine(app: Flask) -> sa.Engine:
     with app.app_context():
         return services().engine
+
+
+def test_a_connection_lost_after_its_checkout_is_a_503_and_the_next_request_works(
+    app: Flask, client: FlaskClient, db: sa.Engine
+) -> None:
+    """The request's first statement, the key's (a prepared read on the driver's cursor),
+    finds its connection dead: the answer is the envelope's 503 `database_unavailable`, as
+    for any statement through SQLAlchemy, and the dead connection is not handed out again."""
+    engine = services_engine(app)
+    ended: list[int] = []
+
+    def end_it(dbapi_connection: Any, *_: Any) -> None:
+        # After the pool's own liveness check: the connection went out alive.
+        if ended:
+            return
+        pid = dbapi_connection.info.backend_pid
+        with db.connect() as other:
+            other.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+        ended.append(pid)
+
+    event.listen(engine, "checkout", end_it)
+    try:
+        missing = "/v1/jobs/00000000-0000-0000-0000-000000000000"
+        lost = client.get(missing)
+        assert lost.status_code == 503, lost.text
+        assert lost.json is not None and lost.json["error"]["code"] == "database_unavailable"
+        assert ended
+        assert client.get(missing).status_code == 404  # a working connection, the key read
+    finally:
+        event.remove(engine, "checkout", end_it)
