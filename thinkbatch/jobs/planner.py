@@ -13,19 +13,21 @@ from __future__ import annotations
 import logging
 import threading
 
-import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from thinkbatch import ledger
+from thinkbatch.db import make_engine
+from thinkbatch.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
 class Refresher:
-    def __init__(self, url: sa.URL):
+    def __init__(self, settings: Settings):
         # A connection of its own, opened and closed by each run: the thread may outlive a
-        # request, a test, or the pool of the app that asked.
-        self._engine = sa.create_engine(url, poolclass=NullPool)
+        # request, a test, or the pool of the app that asked. Bounded as every connection is
+        # (db.DeadPeer): a link that breaks mid-ANALYZE ends it within WORKER_DEAD_AFTER_S.
+        self._engine = make_engine(settings, poolclass=NullPool)
         self._lock = threading.Lock()
         self._running = False
         self._again = False
@@ -37,7 +39,12 @@ class Refresher:
                 self._again = True
                 return
             self._running = True
-        threading.Thread(target=self._run, name="analyze-items", daemon=True).start()
+        try:
+            threading.Thread(target=self._run, name="analyze-items", daemon=True).start()
+        except RuntimeError:  # no thread to be had: the job is stored, the statistics wait
+            log.warning("ANALYZE items not started", exc_info=True)
+            with self._lock:
+                self._running = self._again = False
 
     def _run(self) -> None:
         while True:

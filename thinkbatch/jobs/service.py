@@ -102,7 +102,7 @@ class JobService:
         self.engine = engine
         self.celery = celery
         self.sessions = make_sessionmaker(engine)
-        self.planner = Refresher(engine.url)
+        self.planner = Refresher(settings)
         # The same pool, each statement its own transaction: a poll's reads then cost no BEGIN
         # and no ROLLBACK round trip, only their own.
         self.reads = engine.execution_options(isolation_level="AUTOCOMMIT")
