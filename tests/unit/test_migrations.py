@@ -32,6 +32,7 @@ def test_upgrade_head_on_empty_database_matches_models(servers: Servers) -> None
         "tb_items_counts_delete",
         "tb_items_delete_results",
         "tb_jobs_delete_items",
+        "tb_jobs_truncate_items",
     }
 
 
@@ -318,9 +319,23 @@ def test_items_without_the_job_key_on_a_populated_database(servers: Servers) -> 
         conn.execute(sa.text("DELETE FROM jobs WHERE id = :j"), {"j": before})
         assert left_of(conn, before) == (0, 0)
         assert left_of(conn, kept) == (4, 2)  # another job's are left alone
+    with engine.begin() as conn:  # an item whose job is gone, as a bulk load could leave
+        conn.execute(
+            sa.text(
+                "INSERT INTO items (job_id, seq, custom_id, prompt, status)"
+                " VALUES (gen_random_uuid(), 0, 'orphan', 'p', 'pending')"
+            )
+        )
     migrate(url, "0010", down=True)
     with engine.begin() as conn:
         assert keys(conn) == ["fk_items_job_id_jobs"]
+        assert conn.execute(sa.text("SELECT count(*) FROM items")).scalar_one() == 4
         conn.execute(sa.text("DELETE FROM jobs WHERE id = :j"), {"j": kept})
         assert left_of(conn, kept) == (0, 0)
+    migrate(url)
+    with engine.begin() as conn:
+        again = stored_job(conn)
+        conn.execute(sa.text("TRUNCATE jobs CASCADE"))
+        assert left_of(conn, again) == (0, 0)
+        assert conn.execute(sa.text("SELECT count(*) FROM item_results")).scalar_one() == 0
     engine.dispose()
