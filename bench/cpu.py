@@ -44,16 +44,34 @@ def cpu_snapshot(database: str = "") -> dict[int, tuple[str, float]]:
         times = proc.info["cpu_times"]
         if times is not None and _ours(proc, descendants, database):
             category = _category(proc)
-            seconds = times.user + times.system
+            snapshot[proc.pid] = (category, times.user + times.system)
             if category == "postgres" and not " ".join(proc.info["cmdline"] or []).startswith(
                 "postgres:"
             ):
-                # The embedded postmaster: with its reaped children's time, so that a backend
-                # that came and went between two snapshots (a connection of its own, as the
-                # ANALYZE after a large submit takes) is counted too.
-                seconds += times.children_user + times.children_system
-            snapshot[proc.pid] = (category, seconds)
+                # The embedded postmaster: its reaped children's time, under a key of its own,
+                # so that a backend that came and went between two snapshots (a connection of
+                # its own, as the ANALYZE after a large submit takes) is counted too.
+                snapshot[-proc.pid] = (REAPED, times.children_user + times.children_system)
     return snapshot
+
+
+REAPED = "postgres (exited backends)"
+
+
+def cpu_used(before: dict[int, tuple[str, float]], database: str = "") -> dict[str, float]:
+    now = cpu_snapshot(database)
+    used: dict[str, float] = {}
+    for pid, (category, seconds) in now.items():
+        spent = seconds - before.get(pid, (category, 0.0))[1]
+        category = "postgres" if category == REAPED else category
+        used[category] = used.get(category, 0.0) + spent
+    if any(category == REAPED for category, _ in now.values()):
+        # A backend alive at `before` and reaped since: all its time is in the reaped sum now,
+        # of which what it had used by `before` was not spent in between.
+        for pid, (category, seconds) in before.items():
+            if category == "postgres" and pid not in now:
+                used["postgres"] -= seconds
+    return used
 
 
 def wait_engines_idle(timeout: float = 10.0, window: float = 0.2, busy: float = 0.05) -> float:
@@ -75,14 +93,6 @@ def wait_engines_idle(timeout: float = 10.0, window: float = 0.2, busy: float = 
         if engine_cpu() - before < busy * window:
             break
     return time.monotonic() - started
-
-
-def cpu_used(before: dict[int, tuple[str, float]], database: str = "") -> dict[str, float]:
-    used: dict[str, float] = {}
-    for pid, (category, seconds) in cpu_snapshot(database).items():
-        spent = seconds - before.get(pid, (category, 0.0))[1]
-        used[category] = used.get(category, 0.0) + spent
-    return used
 
 
 _FAMILIES = {
