@@ -1,7 +1,8 @@
 """The guard's event loop (thinkbatch/guard.py `read_body`) against a model of it written
 plainly: for any JSON body it yields what `json.loads` reads, item by item and field by
-field; it refuses a duplicate key at any level; and it refuses an item exactly when the
-item's JSON values or characters pass the limits, counted as the model counts them."""
+field; it refuses a duplicate key at any level (the body's own keys included) and NUL in any
+string or key, naming where; and it refuses an item exactly when its JSON values, its
+characters, its nesting or its messages pass the limits, counted as the model counts them."""
 
 from __future__ import annotations
 
@@ -115,3 +116,38 @@ def test_a_duplicate_key_is_refused_at_any_depth(value: Any, key: str, depth: in
         list(read_body(io.BytesIO(body), Limits(max_depth=64)))
     assert refused.value.code == "duplicate_key"
     assert refused.value.param == "items[0]" + ".x" * depth + f".{key[:64]}"
+
+
+@given(st.sampled_from(["model", "params", "metadata", "items"]), VALUES)
+def test_a_duplicate_key_of_the_body_itself_is_refused(key: str, value: Any) -> None:
+    # The body's own keys are the one level whose duplicates a set of seen keys finds.
+    body = f'{{{json.dumps(key)}: {json.dumps(value)}, "x": 1, {json.dumps(key)}: 2}}'
+    if key == "items":
+        body = '{"items": [], "x": 1, "items": []}'
+    with pytest.raises(InputError) as refused:
+        list(read_body(io.BytesIO(body.encode()), Limits(max_depth=64)))
+    assert refused.value.code == "duplicate_key" and refused.value.param == key
+
+
+@given(st.lists(VALUES, min_size=1, max_size=3), st.integers(0, 2), st.booleans())
+def test_nul_is_refused_in_any_string_or_key(items: list[Any], where: int, in_key: bool) -> None:
+    bad = {"a\x00b": 1} if in_key else {"k": "a\x00b"}
+    items = [*items[:where], bad, *items[where:]]
+    at = min(where, len(items) - 1)
+    with pytest.raises(InputError) as refused:
+        _read({"items": items}, Limits(max_depth=64))
+    assert "NUL" in refused.value.message
+    assert refused.value.param == (f"items[{at}]" if in_key else f"items[{at}].k")
+
+
+@given(st.integers(0, 6), st.integers(1, 4))
+def test_messages_are_refused_exactly_past_their_limit(count: int, limit: int) -> None:
+    item = {"messages": [{"role": "user", "content": "x"}] * count}
+    limits = Limits(max_depth=64, max_messages=limit)
+    if count <= limit:
+        assert _read({"items": [item]}, limits)[0] == [item]
+        return
+    with pytest.raises(InputError) as refused:
+        _read({"items": [item]}, limits)
+    assert refused.value.code == "too_many_messages"
+    assert refused.value.param == "items[0].messages"

@@ -5,7 +5,8 @@ and the benchmarks' in-process paths) use only what this package exports.
 Modules, each one concern: `service` (the front door), `create` (a submission's checks and item
 rows), `budgets` (thinking_budget against max_tokens over a whole job), `context` (an item's
 floor of tokens against the model's context), `quotas` (per-tenant limits), `read` (reading and
-paging jobs), `results` (the outcome rows), `stats` (thinking statistics), `wire` (the
+paging jobs), `results` (the outcome rows), `stats` (thinking statistics), `planner` (the
+items table's statistics after a large submit), `prefix` (an item's claim key), `wire` (the
 pydantic models of the REST API, which are also its serializers).
 """
 

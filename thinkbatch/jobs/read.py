@@ -42,7 +42,7 @@ class JobRecord:
     place however Job defines them."""
 
     id: uuid.UUID
-    status: JobStatus
+    status: str  # a JobStatus's value, as stored
     model: str
     models: list[str]
     priority: int
