@@ -361,19 +361,7 @@ def read_body(stream: IO[bytes], limits: Limits) -> Iterator[tuple[str, Any]]:
                     stack.append(_Frame(_ITEMS))
                     yield "items", None
                     continue
-                values += 1
-                if values > max_values or chars > max_chars:
-                    raise _too_large(where, limits, values)
-                if (
-                    parent.kind == _ARRAY
-                    and parent.index >= max_messages
-                    and len(stack) >= 2
-                    and stack[-2].key == "messages"
-                ):
-                    raise _too_many_messages(stack, limits)
-                stack.append(_Frame(_MAP, {}) if event == "start_map" else _Frame(_ARRAY, []))
-                continue
-            if closes:
+            elif closes:
                 value = stack.pop().value
                 if not stack:
                     done = True  # read on: anything after the object is an error of yajl's
@@ -382,7 +370,7 @@ def read_body(stream: IO[bytes], limits: Limits) -> Iterator[tuple[str, Any]]:
                     continue  # the items frame yielded its elements one by one
             elif not stack:
                 raise _bad("request body: Input should be an object", code="invalid_type")
-            else:
+            if not closes:  # a value: an object or an array it opens, or a scalar
                 values += 1
                 if value.__class__ is str:
                     if "\x00" in value:
@@ -398,6 +386,9 @@ def read_body(stream: IO[bytes], limits: Limits) -> Iterator[tuple[str, Any]]:
                     and stack[-2].key == "messages"
                 ):
                     raise _too_many_messages(stack, limits)
+                if opens:
+                    stack.append(_Frame(_MAP, {}) if event == "start_map" else _Frame(_ARRAY, []))
+                    continue
             parent = stack[-1]
             kind = parent.kind
             if kind == _MAP:

@@ -71,6 +71,23 @@ def _running_job(conn: sa.Connection) -> object:
     ).scalar_one()
 
 
+def _running_items(conn: sa.Connection, job_id: object, n: int) -> list[ledger.Done]:
+    """`n` items of the job leased to worker `w1`, and a result ready to store for each."""
+    conn.execute(
+        sa.text(
+            "INSERT INTO items (job_id, seq, custom_id, prompt, status, attempts,"
+            " lease_owner, lease_expires_at)"
+            " SELECT :j, k, 'c' || k, 'p', 'running', 1, 'w1', now() + interval '1 hour'"
+            " FROM generate_series(0, :last) AS k"
+        ),
+        {"j": job_id, "last": n - 1},
+    )
+    running = conn.execute(
+        sa.text("SELECT id, attempts FROM items WHERE job_id = :j ORDER BY seq"), {"j": job_id}
+    ).all()
+    return [ledger.Done(r.id, job_id, r.attempts, "", "a", "stop", False, 5, 2, 1) for r in running]
+
+
 def test_counts_by_the_ledger_on_a_populated_database(servers: Servers) -> None:
     """0008 moves a job's counts from the update triggers to the ledger: a job stored and half
     run before it keeps its counts through the upgrade, the ledger then counts on from them
@@ -163,23 +180,7 @@ def test_count_deltas_on_a_populated_database(servers: Servers) -> None:
     engine = sa.create_engine(url)
     with engine.begin() as conn:
         job_id = _running_job(conn)
-        conn.execute(
-            sa.text(
-                "INSERT INTO items (job_id, seq, custom_id, prompt, status, attempts,"
-                " lease_owner, lease_expires_at)"
-                " SELECT :j, k, 'c' || k, 'p', 'running', 1, 'w1', now() + interval '1 hour'"
-                " FROM generate_series(0, 5) AS k"
-            ),
-            {"j": job_id},
-        )
-        running = conn.execute(
-            sa.text("SELECT id, attempts FROM items WHERE job_id = :j ORDER BY seq"),
-            {"j": job_id},
-        ).all()
-        done = [
-            ledger.Done(row.id, job_id, row.attempts, "", "a", "stop", False, 5, 2, 1)
-            for row in running
-        ]
+        done = _running_items(conn, job_id, 6)
         ledger.complete(conn, "w1", done[:2])  # under 0008: into the job's row
         before = _counts(conn, job_id)
     assert before[0] == before[1] == (6, 4, 2, 0, 0, 10, 4)
@@ -272,22 +273,7 @@ def test_items_without_the_job_key_on_a_populated_database(servers: Servers) -> 
 
     def stored_job(conn: sa.Connection) -> object:
         job_id = _running_job(conn)
-        conn.execute(
-            sa.text(
-                "INSERT INTO items (job_id, seq, custom_id, prompt, status, attempts,"
-                " lease_owner, lease_expires_at)"
-                " SELECT :j, k, 'c' || k, 'p', 'running', 1, 'w1', now() + interval '1 hour'"
-                " FROM generate_series(0, 3) AS k"
-            ),
-            {"j": job_id},
-        )
-        running = conn.execute(
-            sa.text("SELECT id, attempts FROM items WHERE job_id = :j ORDER BY seq"),
-            {"j": job_id},
-        ).all()
-        done = [
-            ledger.Done(r.id, job_id, r.attempts, "", "a", "stop", False, 5, 2, 1) for r in running
-        ]
+        done = _running_items(conn, job_id, 4)
         assert len(ledger.complete(conn, "w1", done[:2])) == 2
         return job_id
 
