@@ -256,8 +256,6 @@ def items_page(
             raise InputError(f"after: no item with custom_id {after!r}", param="after")
         start = found_seq[0]
     args: dict[str, object] = {"job_id": job_id, "start": start, "limit": limit + 1}
-    if status is not None:
-        args["status"] = status.value
     if status is None:
         # A job's items take the places 0, 1, 2, ... of its submission, so the next page of
         # them lies in the next limit + 1 places: ask for those (with the LIMIT as well, which
@@ -280,7 +278,7 @@ def items_page(
         statement = results.page_statement(
             include_thinking=include_thinking, by_status=True, window=False
         )
-        found = statement.all(conn, **args)
+        found = statement.all(conn, **args, status=status.value)
     rows = [results.row(r) for r in found]
     page = rows[:limit]
     return ItemPage(
