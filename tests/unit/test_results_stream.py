@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 import sqlalchemy as sa
 
 from tests.helpers import seed_job
@@ -70,5 +71,18 @@ def test_a_missing_job_streams_nothing(db: sa.Engine, database_url: str) -> None
     engine = _engine(database_url)
     try:
         assert list(results.stream(engine, results.query(uuid.uuid4()))) == []
+    finally:
+        engine.dispose()
+
+
+def test_a_libpq_without_chunked_mode_streams_row_by_row(
+    db: sa.Engine, settings: Settings, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job_id = seed_job(db, settings, n=N)
+    monkeypatch.setattr(results.psycopg.pq, "version", lambda: 160_000)
+    assert results._chunk(1000) == 1
+    engine = _engine(database_url)
+    try:
+        assert [r.seq for r in results.stream(engine, results.query(job_id))] == list(range(N))
     finally:
         engine.dispose()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import psycopg
 import sqlalchemy as sa
 
 from thinkbatch.db import Prepared
@@ -237,8 +238,14 @@ def stream(engine: sa.Engine, select: sa.Select[Any], batch: int = 1000) -> Iter
         driver = conn.connection.driver_connection
         assert driver is not None
         with driver.cursor() as cursor:
-            for values in cursor.stream(str(compiled), params, size=batch):
+            for values in cursor.stream(str(compiled), params, size=_chunk(batch)):
                 yield ResultRow(*values)
+
+
+def _chunk(batch: int) -> int:
+    """Rows a chunk: `batch`, or single rows on a libpq older than 17 (a psycopg built against
+    the system's libpq, where the binary wheel is not used), which has no chunked mode."""
+    return batch if psycopg.pq.version() >= 170000 else 1
 
 
 def of_job(
