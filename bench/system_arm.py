@@ -96,6 +96,9 @@ def job_round(
     started = time.perf_counter()
     job = client.post("/v1/jobs", json=body).raise_for_status().json()
     submit_s = time.perf_counter() - started
+    # Postgres's share up to the submit's answer (the COPY, the quota, the job row), apart from
+    # what the run costs it after (claims, stores, the ANALYZE of a large submit, sweeps).
+    cpu_submit = cpu_used(cpu_before, database)
     while job["status"] in ("queued", "running"):
         # As a client polls: once a second. The job's own finished_at ends the measurement, so
         # the interval only sets how much CPU the polling takes from the engine: a GET of a
@@ -130,6 +133,7 @@ def job_round(
         "rows_per_second": n / max((last - first).total_seconds(), 1e-9),
         "output_tokens": job["usage"]["completion_tokens"],
         "cpu": cpu,
+        "cpu_submit": cpu_submit,
         "stages": stages,
         "succeeded": job["counts"]["succeeded"],
         "job": job,
