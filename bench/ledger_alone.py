@@ -56,11 +56,21 @@ def timed_round(db: sa.Engine, settings: Settings, n: int, round_no: int) -> str
     claimed: list[Claimed] = []
     job_id = uuid.uuid4()
 
+    wal: dict[str, float] = {}
+
+    def lsn() -> int:
+        with db.connect() as conn:
+            return int(conn.execute(sa.text("SELECT pg_current_wal_lsn() - '0/0'")).scalar_one())
+
     def phase(name: str, run: Callable[[], None]) -> None:
+        # The WAL each phase writes, beside its times: bytes do not move with the host's load,
+        # so a change to the schema or the statements shows in them run after run.
+        wal_before = lsn()
         before, started = cpu_snapshot(), time.perf_counter()
         run()
         walls[name] = time.perf_counter() - started
         postgres[name] = cpu_used(before).get("postgres", 0.0)
+        wal[name] = lsn() - wal_before
 
     def do_create() -> None:
         nonlocal job_id
@@ -85,7 +95,8 @@ def timed_round(db: sa.Engine, settings: Settings, n: int, round_no: int) -> str
     phase("claims", do_claims)
     phase("stores", do_stores)
     return ", ".join(
-        f"{k} {v:.2f} s ({v / n * 1e6:.0f} us/item, postgres CPU {postgres[k] / n * 1e6:.0f})"
+        f"{k} {v:.2f} s ({v / n * 1e6:.0f} us/item, postgres CPU {postgres[k] / n * 1e6:.0f},"
+        f" WAL {wal[k] / n:.0f} B)"
         for k, v in walls.items()
     )
 
