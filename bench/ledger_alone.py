@@ -60,11 +60,12 @@ def timed_round(db: sa.Engine, settings: Settings, n: int, round_no: int) -> str
 
     def lsn() -> int:
         with db.connect() as conn:
-            return int(conn.execute(sa.text("SELECT pg_current_wal_lsn() - '0/0'")).scalar_one())
+            return int(conn.execute(sa.text("SELECT pg_current_wal_insert_lsn() - '0/0'")).scalar_one())
 
     def phase(name: str, run: Callable[[], None]) -> None:
-        # The WAL each phase writes, beside its times: bytes do not move with the host's load,
-        # so a change to the schema or the statements shows in them run after run.
+        # The WAL written during each phase, beside its times: bytes move far less than times
+        # with the host's load, so a change to the schema or the statements shows in them. It is
+        # the cluster's: on a shared Postgres, others' writes and a checkpoint's page images too.
         wal_before = lsn()
         before, started = cpu_snapshot(), time.perf_counter()
         run()

@@ -4,6 +4,7 @@ part-way leaves its connection clean for the next user of the pool."""
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -48,6 +49,9 @@ def test_an_abandoned_download_leaves_its_connection_clean(
     job_id = seed_job(db, settings, n=N)
     engine = _engine(database_url)
     try:
+        _widen(db, job_id)  # more than the sockets hold
+        with engine.connect() as conn:
+            first = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
         for _ in range(3):  # each abandoned at a different point: in the first chunk and later
             rows = results.stream(engine, results.query(job_id), batch=1000)
             for _ in range(1200):
@@ -55,6 +59,7 @@ def test_an_abandoned_download_leaves_its_connection_clean(
             rows.close()  # what the WSGI server does when the client goes away
             with engine.connect() as conn:
                 backend = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+                assert backend == first  # the pool kept it: its reset did not fail
                 # The same connection, now answering a new statement at once.
                 assert conn.execute(sa.text("SELECT count(*) FROM items")).scalar_one() == N
             with db.connect() as watcher:
@@ -63,6 +68,39 @@ def test_an_abandoned_download_leaves_its_connection_clean(
                 ).scalar_one()
             assert state == "idle"
         assert [r.seq for r in results.stream(engine, results.query(job_id))][-1] == N - 1
+    finally:
+        engine.dispose()
+
+
+def _widen(db: sa.Engine, job_id: uuid.UUID) -> None:
+    """Give each row 16 KB, 40 MB in all: more than loopback's socket buffers hold."""
+    with db.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE items SET error_message = repeat('x', 16000) WHERE job_id = :j"),
+            {"j": job_id},
+        )
+
+
+def test_a_client_that_pauses_gets_the_whole_download(
+    db: sa.Engine, settings: Settings, database_url: str
+) -> None:
+    """Postgres blocked on a full socket for longer than the session's tcp_user_timeout (here
+    1 s; WORKER_DEAD_AFTER_S in production) must not end the download."""
+    if not sa.make_url(database_url).host:
+        pytest.skip("a Unix socket has no tcp_user_timeout")
+    job_id = seed_job(db, settings, n=N)
+    _widen(db, job_id)
+    engine = sa.create_engine(
+        database_url, pool_size=1, max_overflow=0,
+        connect_args={"options": "-c tcp_user_timeout=1000 -c statement_timeout=1000"},
+    )  # fmt: skip
+    try:
+        rows = results.stream(engine, results.query(job_id), batch=100)
+        seen = [next(rows) for _ in range(10)]
+        time.sleep(3)  # the client stops reading; Postgres fills the socket and waits
+        seen += list(rows)
+        assert [r.seq for r in seen] == list(range(N))
+        assert all(len(r.error_message or "") == 16000 for r in seen)
     finally:
         engine.dispose()
 

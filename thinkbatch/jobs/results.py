@@ -238,8 +238,20 @@ def stream(engine: sa.Engine, select: sa.Select[Any], batch: int = 1000) -> Iter
         driver = conn.connection.driver_connection
         assert driver is not None
         with driver.cursor() as cursor:
+            # The rows are pushed as fast as the client takes them; one that pauses leaves this
+            # backend blocked on a full socket. The session's tcp_user_timeout (a dead peer's
+            # bound, thinkbatch/db.py) would end it after WORKER_DEAD_AFTER_S of that, and an
+            # operator's statement_timeout would cut a long download: both are about Postgres's
+            # work, which here is paced by the client. Off for this transaction only; a dead
+            # API host still ends it when the kernel gives up retransmitting.
+            cursor.execute(_UNBOUNDED)
             for values in cursor.stream(str(compiled), params, size=_chunk(batch)):
                 yield ResultRow(*values)
+
+
+_UNBOUNDED = (
+    "SELECT set_config('tcp_user_timeout', '0', true), set_config('statement_timeout', '0', true)"
+)
 
 
 def _chunk(batch: int) -> int:
