@@ -60,7 +60,9 @@ def timed_round(db: sa.Engine, settings: Settings, n: int, round_no: int) -> str
 
     def lsn() -> int:
         with db.connect() as conn:
-            return int(conn.execute(sa.text("SELECT pg_current_wal_insert_lsn() - '0/0'")).scalar_one())
+            return int(
+                conn.execute(sa.text("SELECT pg_current_wal_insert_lsn() - '0/0'")).scalar_one()
+            )
 
     def phase(name: str, run: Callable[[], None]) -> None:
         # The WAL written during each phase, beside its times: bytes move far less than times
