@@ -1,11 +1,13 @@
 """A job's rows streamed from one statement (thinkbatch/jobs/results.py `stream`) against real
-Postgres: every row in order, one snapshot for the whole download, and a download abandoned
-part-way leaves its connection clean for the next user of the pool."""
+Postgres: every row in order, one snapshot for the whole download, a download abandoned
+part-way leaves its connection clean for the next user of the pool, and a client that pauses
+reading still gets every row."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -17,59 +19,54 @@ from thinkbatch.settings import Settings
 N = 2_500  # more rows than two chunks of the stream
 
 
-def _engine(database_url: str) -> sa.Engine:
+@pytest.fixture
+def engine(database_url: str) -> Iterator[sa.Engine]:
     # One connection in the pool: the next checkout is the connection the download used.
-    return sa.create_engine(database_url, pool_size=1, max_overflow=0)
+    engine = sa.create_engine(database_url, pool_size=1, max_overflow=0)
+    yield engine
+    engine.dispose()
 
 
 def test_every_row_in_order_from_one_snapshot(
-    db: sa.Engine, settings: Settings, database_url: str
+    db: sa.Engine, settings: Settings, engine: sa.Engine
 ) -> None:
     job_id = seed_job(db, settings, n=N)
-    engine = _engine(database_url)
-    try:
-        rows = results.stream(engine, results.query(job_id), batch=1000)
-        first = [next(rows) for _ in range(10)]
-        # Written after the download began: a later snapshot's, so not in this download.
-        with db.begin() as conn:
-            conn.execute(
-                sa.text("UPDATE items SET error_code = 'later' WHERE job_id = :j"), {"j": job_id}
-            )
-        seen = first + list(rows)
-        assert [r.seq for r in seen] == list(range(N))
-        assert {r.error_code for r in seen} == {None}
-        assert [r.custom_id for r in seen[:3]] == ["i0", "i1", "i2"]
-    finally:
-        engine.dispose()
+    rows = results.stream(engine, results.query(job_id), batch=1000)
+    first = [next(rows) for _ in range(10)]
+    # Written after the download began: a later snapshot's, so not in this download.
+    with db.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE items SET error_code = 'later' WHERE job_id = :j"), {"j": job_id}
+        )
+    seen = first + list(rows)
+    assert [r.seq for r in seen] == list(range(N))
+    assert {r.error_code for r in seen} == {None}
+    assert [r.custom_id for r in seen[:3]] == ["i0", "i1", "i2"]
 
 
 def test_an_abandoned_download_leaves_its_connection_clean(
-    db: sa.Engine, settings: Settings, database_url: str
+    db: sa.Engine, settings: Settings, engine: sa.Engine
 ) -> None:
     job_id = seed_job(db, settings, n=N)
-    engine = _engine(database_url)
-    try:
-        _widen(db, job_id)  # more than the sockets hold
+    _widen(db, job_id)  # more than the sockets hold
+    with engine.connect() as conn:
+        first = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+    for _ in range(3):  # each abandoned at a different point: in the first chunk and later
+        rows = results.stream(engine, results.query(job_id), batch=1000)
+        for _ in range(1200):
+            next(rows)
+        rows.close()  # what the WSGI server does when the client goes away
         with engine.connect() as conn:
-            first = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
-        for _ in range(3):  # each abandoned at a different point: in the first chunk and later
-            rows = results.stream(engine, results.query(job_id), batch=1000)
-            for _ in range(1200):
-                next(rows)
-            rows.close()  # what the WSGI server does when the client goes away
-            with engine.connect() as conn:
-                backend = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
-                assert backend == first  # the pool kept it: its reset did not fail
-                # The same connection, now answering a new statement at once.
-                assert conn.execute(sa.text("SELECT count(*) FROM items")).scalar_one() == N
-            with db.connect() as watcher:
-                state = watcher.execute(
-                    sa.text("SELECT state FROM pg_stat_activity WHERE pid = :p"), {"p": backend}
-                ).scalar_one()
-            assert state == "idle"
-        assert [r.seq for r in results.stream(engine, results.query(job_id))][-1] == N - 1
-    finally:
-        engine.dispose()
+            backend = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+            assert backend == first  # the pool kept it: its reset did not fail
+            # The same connection, now answering a new statement at once.
+            assert conn.execute(sa.text("SELECT count(*) FROM items")).scalar_one() == N
+        with db.connect() as watcher:
+            state = watcher.execute(
+                sa.text("SELECT state FROM pg_stat_activity WHERE pid = :p"), {"p": backend}
+            ).scalar_one()
+        assert state == "idle"
+    assert [r.seq for r in results.stream(engine, results.query(job_id))][-1] == N - 1
 
 
 def _widen(db: sa.Engine, job_id: uuid.UUID) -> None:
@@ -105,22 +102,14 @@ def test_a_client_that_pauses_gets_the_whole_download(
         engine.dispose()
 
 
-def test_a_missing_job_streams_nothing(db: sa.Engine, database_url: str) -> None:
-    engine = _engine(database_url)
-    try:
-        assert list(results.stream(engine, results.query(uuid.uuid4()))) == []
-    finally:
-        engine.dispose()
+def test_a_missing_job_streams_nothing(db: sa.Engine, engine: sa.Engine) -> None:
+    assert list(results.stream(engine, results.query(uuid.uuid4()))) == []
 
 
 def test_a_libpq_without_chunked_mode_streams_row_by_row(
-    db: sa.Engine, settings: Settings, database_url: str, monkeypatch: pytest.MonkeyPatch
+    db: sa.Engine, settings: Settings, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     job_id = seed_job(db, settings, n=N)
     monkeypatch.setattr(results.psycopg.pq, "version", lambda: 160_000)
     assert results._chunk(1000) == 1
-    engine = _engine(database_url)
-    try:
-        assert [r.seq for r in results.stream(engine, results.query(job_id))] == list(range(N))
-    finally:
-        engine.dispose()
+    assert [r.seq for r in results.stream(engine, results.query(job_id))] == list(range(N))
