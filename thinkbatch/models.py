@@ -364,6 +364,16 @@ class Item(Base):
             "seq",
             postgresql_where=sa.text("model IS NOT NULL AND status = 'pending' AND crashes = 0"),
         ),
+        # Crash suspects: the pending items that were in flight when an engine died. They are
+        # few, and every claim that comes back empty asks whether the job has any: without
+        # this index that question read every pending item of the job.
+        sa.Index(
+            "ix_items_pending_suspects",
+            "job_id",
+            "crashes",
+            "seq",
+            postgresql_where=sa.text("status = 'pending' AND crashes > 0"),
+        ),
         # The sweeper's scan for lapsed leases and dead owners.
         sa.Index(
             "ix_items_running_lease",

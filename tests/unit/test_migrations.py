@@ -325,3 +325,44 @@ def test_items_without_the_job_key_on_a_populated_database(servers: Servers) -> 
         assert left_of(conn, again) == (0, 0)
         assert conn.execute(sa.text("SELECT count(*) FROM item_results")).scalar_one() == 0
     engine.dispose()
+
+
+def test_suspects_index_on_a_populated_database(servers: Servers) -> None:
+    """0012 indexes a job's crash suspects: items released by a crash before the upgrade are
+    in it, whole (built concurrently), and claimed as suspects after it; down again, it is
+    gone and the suspects are still found."""
+    url = recreate_database(servers.postgres_admin_url, database_name("migrations"))
+    migrate(url, "0011")
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        job_id = _running_job(conn)
+        _running_items(conn, job_id, 6)
+        assert ledger.release_crashed(conn, "w1", max_attempts=3, code="c", message="m") == 6
+
+    def suspects_index(conn: sa.Connection) -> int | None:
+        return conn.execute(
+            sa.text(
+                "SELECT count(*) FILTER (WHERE i.indisvalid AND i.indisready) FROM pg_index AS i"
+                " WHERE i.indexrelid = to_regclass('ix_items_pending_suspects')"
+            )
+        ).scalar()
+
+    migrate(url)
+    with engine.begin() as conn:
+        assert suspects_index(conn) == 1
+        assert ledger.has_suspects(conn, job_id)
+        entries = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM items WHERE job_id = :j AND status = 'pending'"
+                " AND crashes > 0"
+            ),
+            {"j": job_id},
+        ).scalar()
+        first = ledger.claim(conn, job_id, owner="w2", n=0, lease_s=60, suspects=True)
+    assert entries == 6 and len(first) == 3  # the tier of six, in halves
+
+    migrate(url, "0011", down=True)
+    with engine.begin() as conn:
+        assert suspects_index(conn) == 0
+        assert ledger.has_suspects(conn, job_id)
+    engine.dispose()

@@ -164,27 +164,85 @@ def _model_params(models: ModelFilter | None) -> dict[str, Any]:
     return {"models": list(models.names)}
 
 
+# The probes for pending work below are answered from the partial indexes on pending items:
+# those not crashed from ix_items_pending_model by name (ix_items_pending_prefix for all of a
+# job's), the suspects from ix_items_pending_suspects. One condition over all of a job's pending
+# items with a model filter was answered from ix_items_job_id_status_seq instead, reading every
+# pending item's row to filter it: the whole remaining work of the job, asked by a worker none
+# of it is for, once a second. Each arm asks for the first item in its index's order rather
+# than EXISTS: a prepared statement's generic plan, which knows neither the job nor the model,
+# took a sequential scan for an EXISTS (expecting a match at once) and read the whole table.
+# One case still reads rows: a worker that serves the job's own model and only some of the
+# others finds the job's own pending items (a NULL model) by filtering the job's pending items
+# in claim order; no index holds the NULL ones apart.
+FRESH = "status = 'pending' AND crashes = 0"
+SUSPECT = "status = 'pending' AND crashes > 0"
+
+
+def any_item(job: str, where: str, order: str) -> str:
+    """Whether an item of the job `job` (an expression) meets `where`: the first in `order`,
+    the order of the index meant to answer it."""
+    return (
+        f"(SELECT 1 FROM items WHERE items.job_id = {job} AND {where}"  # noqa: S608 - constants
+        f" ORDER BY {order} LIMIT 1) IS NOT NULL"
+    )
+
+
+def any_named(job: str, names: str) -> str:
+    """Whether a pending item of the job `job`, not crashed, has a model among `names` (a
+    text[] expression): an ordered look into ix_items_pending_model for each name.
+    `model = ANY(...)` in one scan is matched against each of the job's entries in Postgres
+    before 17, which cannot keep such a scan in index order."""
+    return (
+        f"EXISTS (SELECT 1 FROM unnest(CAST({names} AS text[])) AS n(name), LATERAL ("  # noqa: S608 - constants
+        f"SELECT 1 FROM items WHERE items.job_id = {job} AND {FRESH}"
+        " AND items.model = n.name ORDER BY prefix_key, seq LIMIT 1) AS first)"
+    )
+
+
+def _arm(where: str, order: str) -> str:
+    return any_item(":id", where, order)
+
+
+_SUSPECTS_ORDER = "crashes, seq"
+_HAS_SUSPECTS = {
+    kind: sa.text("SELECT " + _arm(SUSPECT + by_model, _SUSPECTS_ORDER))
+    for kind, by_model in _BY_MODEL.items()
+}
+_HAS_PENDING = {
+    "all": sa.text("SELECT " + _arm("status = 'pending'", "status, seq")),
+    "named_one": sa.text(
+        f"SELECT {_arm(FRESH + ' AND model = :model', 'prefix_key, seq')}"
+        f" OR {_arm(SUSPECT + ' AND model = :model', _SUSPECTS_ORDER)}"
+    ),
+    "named": sa.text(
+        f"SELECT {any_named(':id', ':models')}"
+        f" OR {_arm(SUSPECT + ' AND model = ANY(:models)', _SUSPECTS_ORDER)}"
+    ),
+    "named_or_job": sa.text(
+        f"SELECT {any_named(':id', ':models')}"
+        f" OR {_arm(FRESH + ' AND model IS NULL', 'prefix_key, seq')}"
+        f" OR {_arm(SUSPECT + ' AND (model IS NULL OR model = ANY(:models))', _SUSPECTS_ORDER)}"
+    ),
+}
+
+
 def has_pending(conn: sa.Connection, job_id: uuid.UUID, models: ModelFilter | None = None) -> bool:
     """Whether the job has pending items (suspects too) of the models in `models`."""
-    return _pending_exists(conn, job_id, models, "")
+    return _probe(conn, _HAS_PENDING, job_id, models)
 
 
 def has_suspects(conn: sa.Connection, job_id: uuid.UUID, models: ModelFilter | None = None) -> bool:
     """Whether the job has pending crash suspects of the models in `models`."""
-    return _pending_exists(conn, job_id, models, " AND crashes > 0")
+    return _probe(conn, _HAS_SUSPECTS, job_id, models)
 
 
-def _pending_exists(
-    conn: sa.Connection, job_id: uuid.UUID, models: ModelFilter | None, condition: str
+def _probe(
+    conn: sa.Connection,
+    statements: dict[str, sa.TextClause],
+    job_id: uuid.UUID,
+    models: ModelFilter | None,
 ) -> bool:
     kind = "all" if models is None else models.kind
     params: dict[str, Any] = {"id": job_id, **_model_params(models)}
-    return bool(
-        conn.execute(
-            sa.text(
-                "SELECT EXISTS (SELECT 1 FROM items WHERE job_id = :id AND status = 'pending'"  # noqa: S608 - constants of this module
-                f"{condition}{_BY_MODEL[kind]})"
-            ),
-            params,
-        ).scalar()
-    )
+    return bool(conn.execute(statements[kind], params).scalar())

@@ -8,6 +8,10 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
+from thinkbatch.ledger.claims import FRESH
+from thinkbatch.ledger.claims import SUSPECT
+from thinkbatch.ledger.claims import any_item
+from thinkbatch.ledger.claims import any_named
 from thinkbatch.ledger.statuses import RUNNABLE_SQL
 
 # hinted_at is compared with the database's now() by the sweeper (HINT_STALE_S), so it is
@@ -43,11 +47,22 @@ _HAS_PENDING = (
 )
 
 
-# ... and pending items of one of :models (an item's NULL model is its job's).
+# ... and pending items of one of :models (an item's NULL model is its job's). Asked by every
+# idle worker each heartbeat and by the sweeper, so each arm is one a partial index answers,
+# as in claims.has_pending: the named items from ix_items_pending_model, the job's own ones only
+# when the job's model is among :models, the suspects from ix_items_pending_suspects.
+# `coalesce(items.model, jobs.model) = ANY(:models)` in one condition read every pending item
+# of a job whose remaining work was all another model's.
 _HAS_PENDING_OF = (
-    "jobs.unfinished > 0 AND jobs.models ?| CAST(:models AS text[]) AND EXISTS (SELECT 1 FROM "
-    "items WHERE items.job_id = jobs.id AND items.status = 'pending' AND "
-    "coalesce(items.model, jobs.model) = ANY(:models))"
+    "jobs.unfinished > 0 AND jobs.models ?| CAST(:models AS text[]) AND ("
+    + any_named("jobs.id", ":models")
+    + " OR (jobs.model = ANY(:models) AND "
+    + any_item("jobs.id", FRESH + " AND items.model IS NULL", "prefix_key, seq")
+    + ") OR "
+    + any_item(
+        "jobs.id", SUSPECT + " AND coalesce(items.model, jobs.model) = ANY(:models)", "crashes, seq"
+    )
+    + ")"
 )
 
 

@@ -1,0 +1,139 @@
+"""The probes for pending work of given models (a worker's empty claim asking for suspects, a
+worker deciding whether to stay on a job, an idle worker looking for a job to adopt, the
+sweeper's re-hints) read a few index pages, not every pending item of the job: in a mixed
+job's tail the remaining work is all another model's, and the workers of the finished models
+ask once a second each. Counted as the blocks Postgres fetched for `items` and its indexes,
+past the point where a prepared statement's generic plan takes over."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from tests.helpers import make_settings
+from tests.helpers import submit_job
+from thinkbatch import ledger
+from thinkbatch.ledger import ModelFilter
+from thinkbatch.settings import Settings
+
+BASE, ONE, TWO, REST = "thinkbatch-demo", "tiny-one", "tiny-two", "tiny-rest"
+ITEMS = 6000
+FEW = 20  # items of ONE, and as many of TWO; the rest are REST's
+# The statement runs more often than psycopg's prepare threshold and Postgres's five custom
+# plans, so the last calls run on the generic plan.
+CALLS = 14
+MOST_BLOCKS = 12  # per call; reading the job's pending items fetched thousands
+
+_BLOCKS = sa.text(
+    "SELECT sum(pg_stat_get_xact_blocks_fetched(c.oid)) FROM pg_class AS c"
+    " WHERE c.oid = 'items'::regclass"
+    " OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'items'::regclass)"
+)
+
+
+@pytest.fixture
+def settings(database_url: str, redis_url: str) -> Settings:
+    return make_settings(database_url, redis_url, served_models=[BASE, ONE, TWO, REST])
+
+
+@pytest.fixture
+def job_id(db: sa.Engine, settings: Settings) -> uuid.UUID:
+    """A job of three models whose ONE and TWO items are all claimed: what is left pending is
+    REST's."""
+    models = [ONE] * FEW + [TWO] * FEW + [REST] * (ITEMS - 2 * FEW)
+    body = {"model": BASE, "items": [{"prompt": f"q{k}", "model": m} for k, m in enumerate(models)]}
+    job = submit_job(db, settings, body)
+    with db.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(sa.text("ANALYZE items"))
+    assert len(claim(db, job, [ONE])) == FEW
+    assert len(claim(db, job, [TWO])) == FEW
+    return job
+
+
+def claim(db: sa.Engine, job: uuid.UUID, served: list[str]) -> list[ledger.Claimed]:
+    with db.begin() as conn:
+        return ledger.claim(
+            conn, job, owner="w-" + "-".join(served), n=100, lease_s=60, models=of(db, job, served)
+        )
+
+
+def of(db: sa.Engine, job: uuid.UUID, served: list[str]) -> ModelFilter:
+    with db.connect() as conn:
+        row = ledger.job_to_drive(conn, job)
+    assert row is not None
+    return ModelFilter.of(row.model, row.models, served)
+
+
+def blocks_per_call(db: sa.Engine, probe: Callable[[sa.Connection], Any]) -> tuple[Any, float]:
+    """The probe's answer and the blocks of `items` and its indexes its last calls fetched."""
+    with db.begin() as conn:
+        for _ in range(CALLS - 4):
+            answer = probe(conn)
+        before = conn.execute(_BLOCKS).scalar_one()
+        for _ in range(4):
+            assert probe(conn) == answer
+        fetched = conn.execute(_BLOCKS).scalar_one() - before
+    return answer, fetched / 4
+
+
+def test_a_worker_whose_models_are_done_asks_cheaply(db: sa.Engine, job_id: uuid.UUID) -> None:
+    one = of(db, job_id, [ONE])
+    both = of(db, job_id, [ONE, TWO])
+    assert (one.kind, both.kind) == ("named_one", "named")
+    probes: dict[str, Callable[[sa.Connection], Any]] = {
+        "has_pending one": lambda c: ledger.has_pending(c, job_id, one),
+        "has_pending both": lambda c: ledger.has_pending(c, job_id, both),
+        "has_suspects one": lambda c: ledger.has_suspects(c, job_id, one),
+        "has_suspects both": lambda c: ledger.has_suspects(c, job_id, both),
+        "job_to_adopt": lambda c: ledger.job_to_adopt(c, models=[ONE, TWO], exclude=[]),
+        "stale_jobs": lambda c: ledger.stale_jobs(c, stale_s=0, models=[ONE, TWO]),
+    }
+    seen = {name: blocks_per_call(db, probe) for name, probe in probes.items()}
+    assert {name: answer for name, (answer, _) in seen.items()} == {
+        "has_pending one": False,
+        "has_pending both": False,
+        "has_suspects one": False,
+        "has_suspects both": False,
+        "job_to_adopt": None,
+        "stale_jobs": [],
+    }
+    assert {name: n for name, (_, n) in seen.items() if n > MOST_BLOCKS} == {}
+    # The worker of what is left finds it, as cheaply.
+    rest = of(db, job_id, [REST])
+    answer, fetched = blocks_per_call(db, lambda c: ledger.has_pending(c, job_id, rest))
+    assert answer is True and fetched <= MOST_BLOCKS
+
+
+def test_suspects_are_found_by_the_workers_of_their_model(db: sa.Engine, job_id: uuid.UUID) -> None:
+    with db.begin() as conn:
+        released = ledger.release_crashed(
+            conn, "w-" + ONE, max_attempts=3, code="engine_crash", message="engine died"
+        )
+    assert released == FEW
+    one, two = of(db, job_id, [ONE]), of(db, job_id, [TWO])
+    probes: dict[str, Callable[[sa.Connection], Any]] = {
+        "has_suspects one": lambda c: ledger.has_suspects(c, job_id, one),
+        "has_pending one": lambda c: ledger.has_pending(c, job_id, one),
+        "has_suspects two": lambda c: ledger.has_suspects(c, job_id, two),
+        "has_pending two": lambda c: ledger.has_pending(c, job_id, two),
+        "job_to_adopt one": lambda c: ledger.job_to_adopt(c, models=[ONE], exclude=[]),
+        "job_to_adopt two": lambda c: ledger.job_to_adopt(c, models=[TWO], exclude=[]),
+    }
+    seen = {name: blocks_per_call(db, probe) for name, probe in probes.items()}
+    assert {name: answer for name, (answer, _) in seen.items()} == {
+        "has_suspects one": True,
+        "has_pending one": True,
+        "has_suspects two": False,
+        "has_pending two": False,
+        "job_to_adopt one": job_id,
+        "job_to_adopt two": None,
+    }
+    assert {name: n for name, (_, n) in seen.items() if n > MOST_BLOCKS} == {}
+    # And they are claimed as suspects, one group at a time.
+    with db.begin() as conn:
+        again = ledger.claim(conn, job_id, owner="w2", n=0, lease_s=60, suspects=True, models=one)
+    assert 0 < len(again) < FEW and all(c.crashes == 1 for c in again)
