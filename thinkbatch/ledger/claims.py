@@ -164,17 +164,19 @@ def _model_params(models: ModelFilter | None) -> dict[str, Any]:
     return {"models": list(models.names)}
 
 
-# The probes for pending work below are answered from the partial indexes on pending items:
-# those not crashed from ix_items_pending_model by name (ix_items_pending_prefix for all of a
-# job's), the suspects from ix_items_pending_suspects. One condition over all of a job's pending
-# items with a model filter was answered from ix_items_job_id_status_seq instead, reading every
-# pending item's row to filter it: the whole remaining work of the job, asked by a worker none
-# of it is for, once a second. Each arm asks for the first item in its index's order rather
-# than EXISTS: a prepared statement's generic plan, which knows neither the job nor the model,
-# took a sequential scan for an EXISTS (expecting a match at once) and read the whole table.
+# The probes for pending work below answer each arm from the index meant for it: a job's named
+# items not crashed from ix_items_pending_model, one look per name; its own items (a NULL model)
+# from ix_items_pending_prefix; its suspects from ix_items_pending_suspects; any pending item at
+# all (no model filter) from the first entry of the job's pending range of
+# ix_items_job_id_status_seq. One condition over a job's pending items with a model filter is
+# answered from that last index, reading every pending item's row to filter it: the whole
+# remaining work of the job, for a worker none of it is for, once a second. Each arm asks for
+# the first item in its index's order, not for any matching row: for the latter a prepared
+# statement's generic plan, which knows neither the job nor the model, takes a sequential scan
+# (expecting a match at once) and reads the whole table.
 # One case still reads rows: a worker that serves the job's own model and only some of the
-# others finds the job's own pending items (a NULL model) by filtering the job's pending items
-# in claim order; no index holds the NULL ones apart.
+# others finds the job's own pending items by filtering the job's pending items in claim order
+# (no index holds the NULL ones apart), the more of them the fewer of its own are left.
 FRESH = "status = 'pending' AND crashes = 0"
 SUSPECT = "status = 'pending' AND crashes > 0"
 

@@ -51,8 +51,8 @@ _HAS_PENDING = (
 # idle worker each heartbeat and by the sweeper, so each arm is one a partial index answers,
 # as in claims.has_pending: the named items from ix_items_pending_model, the job's own ones only
 # when the job's model is among :models, the suspects from ix_items_pending_suspects.
-# `coalesce(items.model, jobs.model) = ANY(:models)` in one condition read every pending item
-# of a job whose remaining work was all another model's.
+# `coalesce(items.model, jobs.model) = ANY(:models)` in one condition reads every pending item
+# of a job whose remaining work is all another model's.
 _HAS_PENDING_OF = (
     "jobs.unfinished > 0 AND jobs.models ?| CAST(:models AS text[]) AND ("
     + any_named("jobs.id", ":models")
