@@ -110,7 +110,7 @@ def plans(db: sa.Engine, settings: Settings) -> None:
     explain = "EXPLAIN (ANALYZE, BUFFERS) "
     with db.begin() as conn:
         lines = conn.execute(
-            sa.text(explain + _CLAIM["all"].text),
+            sa.text(explain + _CLAIM["own"].text),
             {"job_id": job_id, "owner": "bench", "n": CLAIM_N, "lease_s": 600},
         ).scalars()
         print(f"-- one claim of {CLAIM_N} items --")

@@ -346,23 +346,16 @@ class Item(Base):
         ),
         # Status-filtered pages, counts of running items, suspects' claims.
         sa.Index("ix_items_job_id_status_seq", "job_id", "status", "seq"),
-        # Claims: a job's pending items in claim order. Partial on pending items, so that a
-        # claim or a store, which move an item out of `pending`, add no entry to them.
+        # Claims: a job's pending items of one model (NULL: the job's own) in claim order
+        # (thinkbatch/ledger/claims.py). Partial on pending items, so that a claim or a store,
+        # which move an item out of `pending`, add no entry to it.
         sa.Index(
-            "ix_items_pending_prefix",
-            "job_id",
-            "prefix_key",
-            "seq",
-            postgresql_where=sa.text("status = 'pending' AND crashes = 0"),
-        ),
-        # A claim of a mixed job: the pending items of a named model, in claim order.
-        sa.Index(
-            "ix_items_pending_model",
+            "ix_items_pending",
             "job_id",
             "model",
             "prefix_key",
             "seq",
-            postgresql_where=sa.text("model IS NOT NULL AND status = 'pending' AND crashes = 0"),
+            postgresql_where=sa.text("status = 'pending' AND crashes = 0"),
         ),
         # Crash suspects: the pending items that were in flight when an engine died. They are
         # few, and every claim that comes back empty asks whether the job has any: without

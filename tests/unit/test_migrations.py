@@ -11,6 +11,7 @@ from tests.helpers import database_name
 from tests.helpers import recreate_database
 from thinkbatch import ledger
 from thinkbatch.db import migrate
+from thinkbatch.ledger import ModelFilter
 from thinkbatch.models import Base
 from thinkbatch.models import Job
 
@@ -365,4 +366,58 @@ def test_suspects_index_on_a_populated_database(servers: Servers) -> None:
     with engine.begin() as conn:
         assert suspects_index(conn) == 0
         assert ledger.has_suspects(conn, job_id)
+    engine.dispose()
+
+
+def test_one_pending_index_on_a_populated_database(servers: Servers) -> None:
+    """0013 puts a job's pending items, its own and those naming a model, into one index:
+    a mixed job stored before it, partly claimed, is claimed on by name after it, each name
+    in its order; down again, the two indexes it replaced are back, whole."""
+    url = recreate_database(servers.postgres_admin_url, database_name("migrations"))
+    migrate(url, "0012")
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        job_id = _running_job(conn)
+        conn.execute(
+            sa.text('UPDATE jobs SET models = CAST(\'["m", "n"]\' AS jsonb) WHERE id = :j'),
+            {"j": job_id},
+        )
+        conn.execute(  # even places the job's own model (m), odd ones a named one (n)
+            sa.text(
+                "INSERT INTO items (job_id, seq, custom_id, prompt, status, model)"
+                " SELECT :j, k, 'c' || k, 'p', 'pending', CASE WHEN k % 2 = 1 THEN 'n' END"
+                " FROM generate_series(0, 11) AS k"
+            ),
+            {"j": job_id},
+        )
+        first = ledger.claim(conn, job_id, owner="w", n=4, lease_s=60)
+
+    def indexes(conn: sa.Connection) -> dict[str, bool]:
+        return dict(
+            conn.execute(
+                sa.text(
+                    "SELECT c.relname, i.indisvalid AND i.indisready FROM pg_index AS i"
+                    " JOIN pg_class AS c ON c.oid = i.indexrelid"
+                    " WHERE i.indrelid = 'items'::regclass AND c.relname LIKE 'ix_items_pending%'"
+                )
+            ).all()
+        )
+
+    migrate(url)
+    with engine.begin() as conn:
+        assert indexes(conn) == {"ix_items_pending": True, "ix_items_pending_suspects": True}
+        named = ModelFilter.of("m", ["m", "n"], ["n"])
+        rest_n = ledger.claim(conn, job_id, owner="w", n=10, lease_s=60, models=named)
+        rest = ledger.claim(conn, job_id, owner="w", n=10, lease_s=60)
+    assert [c.seq for c in first] == [0, 2, 4, 6]  # the job's own first, in order
+    assert [c.seq for c in rest_n] == [1, 3, 5, 7, 9, 11]
+    assert [c.seq for c in rest] == [8, 10]
+
+    migrate(url, "0012", down=True)
+    with engine.begin() as conn:
+        assert indexes(conn) == {
+            "ix_items_pending_prefix": True,
+            "ix_items_pending_model": True,
+            "ix_items_pending_suspects": True,
+        }
     engine.dispose()

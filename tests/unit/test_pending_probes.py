@@ -54,11 +54,13 @@ def job_id(db: sa.Engine, settings: Settings) -> uuid.UUID:
     return job
 
 
-def claim(db: sa.Engine, job: uuid.UUID, served: list[str]) -> list[ledger.Claimed]:
+def claim(db: sa.Engine, job: uuid.UUID, served: list[str], n: int = 100) -> list[ledger.Claimed]:
+    models = of(db, job, served)
     with db.begin() as conn:
-        return ledger.claim(
-            conn, job, owner="w-" + "-".join(served), n=100, lease_s=60, models=of(db, job, served)
-        )
+        got = ledger.claim(conn, job, owner="w-" + "-".join(served), n=n, lease_s=60, models=models)
+    for item in got:  # the job's own model, named as the runner names it
+        item.model = item.model or models.job_model
+    return got
 
 
 def of(db: sa.Engine, job: uuid.UUID, served: list[str]) -> ModelFilter:
@@ -137,3 +139,23 @@ def test_suspects_are_found_by_the_workers_of_their_model(db: sa.Engine, job_id:
     with db.begin() as conn:
         again = ledger.claim(conn, job_id, owner="w2", n=0, lease_s=60, suspects=True, models=one)
     assert 0 < len(again) < FEW and all(c.crashes == 1 for c in again)
+
+
+def test_a_claim_takes_one_served_name_at_a_time(db: sa.Engine, settings: Settings) -> None:
+    """A worker serving some of a job's models takes the job's own items (no model named)
+    first, then each name it serves, each in claim order, and nothing of the others; one
+    range of the pending index per name (tests/unit/test_prefix_order.py reads the plans)."""
+    names = [None, ONE, TWO, REST] * 30
+    body = {
+        "model": BASE,
+        "items": [{"prompt": f"q{k}", **({"model": m} if m else {})} for k, m in enumerate(names)],
+    }
+    job = submit_job(db, settings, body)
+    own_and_one = [c.model for c in claim(db, job, [BASE, ONE], n=40)]
+    assert own_and_one == [BASE] * 30 + [ONE] * 10  # the job's own, named once claimed
+    rest_of_one = claim(db, job, [BASE, ONE], n=100)
+    assert [c.model for c in rest_of_one] == [ONE] * 20
+    assert [c.seq for c in rest_of_one] == sorted(c.seq for c in rest_of_one)
+    assert claim(db, job, [BASE, ONE], n=100) == []
+    two = [c.model for c in claim(db, job, [TWO, REST], n=100)]
+    assert two == [REST] * 30 + [TWO] * 30  # names in the job's order of them (sorted)

@@ -26,30 +26,36 @@ _LEASE_PICKED = """
               i.attempts, i.crashes, i.model, i.prefix_key
 """
 
-# A claim takes a job's pending items in claim order: by prefix key (thinkbatch/jobs/prefix.py,
-# NULL last), so that items whose prompts begin alike run together, then in submission order.
 # Which of a job's items a worker may take, by model. An item's model is NULL when it is the
-# job's own (`jobs.model`): a job of one model writes no model per item, and a worker that
-# serves all of a job's models filters nothing (`ALL`). Otherwise it takes only the items of
-# the names it serves: those that name one (ix_items_pending_model), and the job's own ones
-# when it serves the job's model too.
+# job's own (`jobs.model`): a job of one model writes no model per item. The suspects' claims
+# and probes below filter the few suspects by these; a claim of the rest goes by name (_CLAIM).
 _BY_MODEL = {
     "all": "",
-    # One name (the usual case) by equality: ix_items_pending_model then gives the claim
-    # order, where `= ANY` of an array has the pending items of the model sorted at each claim.
     "named_one": " AND model = :model",
     "named": " AND model = ANY(:models)",
     "named_or_job": " AND (model IS NULL OR model = ANY(:models))",
 }
 
+# A claim takes a job's pending items one served name at a time (ModelFilter.arms): the job's
+# own items (a NULL model), then each name the worker serves. Each name is one range of
+# ix_items_pending (job_id, model, prefix_key, seq), walked in claim order: by prefix key
+# (thinkbatch/jobs/prefix.py, NULL last), so that items whose prompts begin alike run together,
+# then in submission order. A claim reads the items it takes and no others, whatever else the
+# job holds. One filter over all of a job's pending items (`model IS NULL OR model = ANY(...)`)
+# read past every item of the names a worker does not serve, at each claim, and `= ANY` alone
+# sorted all of the worker's own pending items at each claim. `ORDER BY model` first: the range
+# of one model is then the index's own order (a NULL model is a range too, but `IS NULL` does
+# not make the planner drop the column from the order it needs).
+_CLAIM_ARMS = {"own": "model IS NULL", "named": "model = :model"}
 
-def _claim_sql(models: str) -> sa.TextClause:
+
+def _claim_sql(arm: str) -> sa.TextClause:
     return sa.text(
         f"""
         WITH picked AS (
             SELECT id FROM items
-            WHERE job_id = :job_id AND status = 'pending' AND crashes = 0{_BY_MODEL[models]}
-            ORDER BY prefix_key, seq LIMIT :n
+            WHERE job_id = :job_id AND status = 'pending' AND crashes = 0 AND {_CLAIM_ARMS[arm]}
+            ORDER BY model, prefix_key, seq LIMIT :n
             FOR UPDATE SKIP LOCKED
         )
         """  # noqa: S608 - constants of this module
@@ -57,7 +63,7 @@ def _claim_sql(models: str) -> sa.TextClause:
     )
 
 
-_CLAIM = {kind: _claim_sql(kind) for kind in _BY_MODEL}
+_CLAIM = {arm: _claim_sql(arm) for arm in _CLAIM_ARMS}
 
 
 # Items that were in flight when an engine or a worker died are suspects. They run apart from
@@ -110,13 +116,21 @@ def claim(
         return []
     if n <= 0 and not suspects:
         return []
-    kind = "all" if models is None else models.kind
-    statement = (_CLAIM_SUSPECTS if suspects else _CLAIM)[kind]
+    if models is None:
+        models = _every_model(conn, job_id)
     params: dict[str, Any] = {"job_id": job_id, "owner": owner, "lease_s": lease_s}
-    params.update(_model_params(models))
-    if not suspects:
-        params["n"] = n
-    rows = conn.execute(statement, params).all()
+    rows: list[Any] = []
+    if suspects:
+        got = conn.execute(_CLAIM_SUSPECTS[models.kind], params | _model_params(models)).all()
+        rows = sorted(got, key=_claim_order)
+    else:
+        for name in models.arms():
+            arm = "own" if name is None else "named"
+            wanted = params | {"n": n - len(rows)} | ({} if name is None else {"model": name})
+            got = conn.execute(_CLAIM[arm], wanted).all()
+            rows += sorted(got, key=_claim_order)
+            if len(rows) >= n:
+                break
     if rows and state.status == JobStatus.queued:
         conn.execute(
             sa.text(
@@ -125,10 +139,22 @@ def claim(
             ),
             {"id": job_id},
         )
-    # In claim order (UPDATE ... RETURNING keeps none): the engine is handed a chunk in this
-    # order, so the items of one prefix stay next to each other inside it too.
-    ordered = sorted(rows, key=lambda r: (r.prefix_key is None, r.prefix_key or b"", r.seq))
-    return [Claimed(*row[:-1]) for row in ordered]
+    return [Claimed(*row[:-1]) for row in rows]
+
+
+def _claim_order(row: Any) -> tuple[bool, bytes, int]:
+    """In claim order (UPDATE ... RETURNING keeps none): the engine is handed a chunk in this
+    order, so the items of one prefix stay next to each other inside it too."""
+    return (row.prefix_key is None, row.prefix_key or b"", row.seq)
+
+
+def _every_model(conn: sa.Connection, job_id: uuid.UUID) -> ModelFilter:
+    """The filter of a worker that serves every model of the job."""
+    job_model, job_models = conn.execute(
+        sa.text("SELECT model, models FROM jobs WHERE id = :id"), {"id": job_id}
+    ).one()
+    names = job_models or [job_model]
+    return ModelFilter.of(job_model, names, names)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +170,13 @@ class ModelFilter:
     def of(cls, job_model: str, job_models: list[str], served: list[str]) -> ModelFilter:
         mine = tuple(m for m in job_models if m in served)
         return cls(mine, job_model, every=len(mine) == len(set(job_models)))
+
+    def arms(self) -> list[str | None]:
+        """The names a claim takes items of, in turn: None for the job's own items (a NULL
+        model) when the job's model is served, then each served name (items may name the
+        job's model too)."""
+        own: list[str | None] = [None] if self.job_model in self.names else []
+        return [*own, *self.names]
 
     @property
     def kind(self) -> str:
@@ -164,9 +197,9 @@ def _model_params(models: ModelFilter | None) -> dict[str, Any]:
     return {"models": list(models.names)}
 
 
-# The probes for pending work below answer each arm from the index meant for it: a job's named
-# items not crashed from ix_items_pending_model, one look per name; its own items (a NULL model)
-# from ix_items_pending_prefix; its suspects from ix_items_pending_suspects; any pending item at
+# The probes for pending work below answer each arm from the index meant for it: a job's
+# pending items not crashed from ix_items_pending, one range per name (the job's own items, a
+# NULL model, are a range too); its suspects from ix_items_pending_suspects; any pending item at
 # all (no model filter) from the first entry of the job's pending range of
 # ix_items_job_id_status_seq. One condition over a job's pending items with a model filter is
 # answered from that last index, reading every pending item's row to filter it: the whole
@@ -174,9 +207,6 @@ def _model_params(models: ModelFilter | None) -> dict[str, Any]:
 # the first item in its index's order, not for any matching row: for the latter a prepared
 # statement's generic plan, which knows neither the job nor the model, takes a sequential scan
 # (expecting a match at once) and reads the whole table.
-# One case still reads rows: a worker that serves the job's own model and only some of the
-# others finds the job's own pending items by filtering the job's pending items in claim order
-# (no index holds the NULL ones apart), the more of them the fewer of its own are left.
 FRESH = "status = 'pending' AND crashes = 0"
 SUSPECT = "status = 'pending' AND crashes > 0"
 
@@ -192,13 +222,13 @@ def any_item(job: str, where: str, order: str) -> str:
 
 def any_named(job: str, names: str) -> str:
     """Whether a pending item of the job `job`, not crashed, has a model among `names` (a
-    text[] expression): an ordered look into ix_items_pending_model for each name.
+    text[] expression): an ordered look into ix_items_pending for each name.
     `model = ANY(...)` in one scan is matched against each of the job's entries in Postgres
     before 17, which cannot keep such a scan in index order."""
     return (
         f"EXISTS (SELECT 1 FROM unnest(CAST({names} AS text[])) AS n(name), LATERAL ("  # noqa: S608 - constants
         f"SELECT 1 FROM items WHERE items.job_id = {job} AND {FRESH}"
-        " AND items.model = n.name ORDER BY prefix_key, seq LIMIT 1) AS first)"
+        " AND items.model = n.name ORDER BY model, prefix_key, seq LIMIT 1) AS first)"
     )
 
 
@@ -214,7 +244,7 @@ _HAS_SUSPECTS = {
 _HAS_PENDING = {
     "all": sa.text("SELECT " + _arm("status = 'pending'", "status, seq")),
     "named_one": sa.text(
-        f"SELECT {_arm(FRESH + ' AND model = :model', 'prefix_key, seq')}"
+        f"SELECT {_arm(FRESH + ' AND model = :model', 'model, prefix_key, seq')}"
         f" OR {_arm(SUSPECT + ' AND model = :model', _SUSPECTS_ORDER)}"
     ),
     "named": sa.text(
@@ -223,7 +253,7 @@ _HAS_PENDING = {
     ),
     "named_or_job": sa.text(
         f"SELECT {any_named(':id', ':models')}"
-        f" OR {_arm(FRESH + ' AND model IS NULL', 'prefix_key, seq')}"
+        f" OR {_arm(FRESH + ' AND model IS NULL', 'model, prefix_key, seq')}"
         f" OR {_arm(SUSPECT + ' AND (model IS NULL OR model = ANY(:models))', _SUSPECTS_ORDER)}"
     ),
 }

@@ -49,15 +49,15 @@ _HAS_PENDING = (
 
 # ... and pending items of one of :models (an item's NULL model is its job's). Asked by every
 # idle worker each heartbeat and by the sweeper, so each arm is one a partial index answers,
-# as in claims.has_pending: the named items from ix_items_pending_model, the job's own ones only
-# when the job's model is among :models, the suspects from ix_items_pending_suspects.
+# as in claims.has_pending: the items of each name and the job's own ones (only when the job's
+# model is among :models) from ix_items_pending, the suspects from ix_items_pending_suspects.
 # `coalesce(items.model, jobs.model) = ANY(:models)` in one condition reads every pending item
 # of a job whose remaining work is all another model's.
 _HAS_PENDING_OF = (
     "jobs.unfinished > 0 AND jobs.models ?| CAST(:models AS text[]) AND ("
     + any_named("jobs.id", ":models")
     + " OR (jobs.model = ANY(:models) AND "
-    + any_item("jobs.id", FRESH + " AND items.model IS NULL", "prefix_key, seq")
+    + any_item("jobs.id", FRESH + " AND items.model IS NULL", "model, prefix_key, seq")
     + ") OR "
     + any_item(
         "jobs.id", SUSPECT + " AND coalesce(items.model, jobs.model) = ANY(:models)", "crashes, seq"
