@@ -29,6 +29,7 @@ from thinkbatch.jobs import JobService
 from thinkbatch.keys import Caller
 from thinkbatch.ledger import Claimed
 from thinkbatch.ledger import Done
+from thinkbatch.ledger import ModelFilter
 from thinkbatch.ledger.claims import _CLAIM
 from thinkbatch.ledger.items import _COMPLETE
 from thinkbatch.ledger.items import results_json
@@ -80,9 +81,15 @@ def timed_round(db: sa.Engine, settings: Settings, n: int, round_no: int) -> str
         job_id = create(db, settings, n, round_no)
 
     def do_claims() -> None:
+        with db.connect() as conn:  # as a worker serving the job's model holds it
+            row = ledger.job_to_drive(conn, job_id)
+        assert row is not None
+        models = ModelFilter.of(row.model, row.models or [row.model], [row.model])
         while True:
             with db.begin() as conn:
-                got = ledger.claim(conn, job_id, owner="bench", n=CLAIM_N, lease_s=600)
+                got = ledger.claim(
+                    conn, job_id, owner="bench", n=CLAIM_N, lease_s=600, models=models
+                )
             if not got:
                 return
             claimed.extend(got)

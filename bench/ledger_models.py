@@ -7,7 +7,7 @@ and its ratio to the baseline's. Then, with those workers' items all claimed and
 the job pending, how long a worker of the finished models takes to ask whether anything is
 left for it (the probes of thinkbatch/ledger/claims.py and hints.py).
 
-It runs on the embedded PostgreSQL, on this host's CPU; docs/models.md says what it measures.
+It runs on the embedded PostgreSQL, on this host's CPU; docs/performance.md shows its output.
 """
 
 from __future__ import annotations

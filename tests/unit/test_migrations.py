@@ -409,9 +409,9 @@ def test_one_pending_index_on_a_populated_database(servers: Servers) -> None:
         named = ModelFilter.of("m", ["m", "n"], ["n"])
         rest_n = ledger.claim(conn, job_id, owner="w", n=10, lease_s=60, models=named)
         rest = ledger.claim(conn, job_id, owner="w", n=10, lease_s=60)
-    assert [c.seq for c in first] == [0, 2, 4, 6]  # the job's own first, in order
-    assert [c.seq for c in rest_n] == [1, 3, 5, 7, 9, 11]
-    assert [c.seq for c in rest] == [8, 10]
+    assert [c.seq for c in first] == [0, 2, 1, 3]  # each model's share, in order
+    assert [c.seq for c in rest_n] == [5, 7, 9, 11]
+    assert [c.seq for c in rest] == [4, 6, 8, 10]
 
     migrate(url, "0012", down=True)
     with engine.begin() as conn:

@@ -141,21 +141,25 @@ def test_suspects_are_found_by_the_workers_of_their_model(db: sa.Engine, job_id:
     assert 0 < len(again) < FEW and all(c.crashes == 1 for c in again)
 
 
-def test_a_claim_takes_one_served_name_at_a_time(db: sa.Engine, settings: Settings) -> None:
-    """A worker serving some of a job's models takes the job's own items (no model named)
-    first, then each name it serves, each in claim order, and nothing of the others; one
+def test_a_claim_shares_itself_between_the_served_names(db: sa.Engine, settings: Settings) -> None:
+    """A worker serving some of a job's models takes an even share of each served name that
+    has items (the job's own items, no model named, and those naming it are one name), each in
+    claim order, and nothing of the others; what one name lacks comes from the others. One
     range of the pending index per name (tests/unit/test_prefix_order.py reads the plans)."""
-    names = [None, ONE, TWO, REST] * 30
+    names = [None, ONE, TWO, REST] * 30 + [BASE] * 10  # the job's model, named by ten
     body = {
         "model": BASE,
         "items": [{"prompt": f"q{k}", **({"model": m} if m else {})} for k, m in enumerate(names)],
     }
     job = submit_job(db, settings, body)
-    own_and_one = [c.model for c in claim(db, job, [BASE, ONE], n=40)]
-    assert own_and_one == [BASE] * 30 + [ONE] * 10  # the job's own, named once claimed
-    rest_of_one = claim(db, job, [BASE, ONE], n=100)
-    assert [c.model for c in rest_of_one] == [ONE] * 20
-    assert [c.seq for c in rest_of_one] == sorted(c.seq for c in rest_of_one)
+    first = claim(db, job, [BASE, ONE], n=40)
+    assert [c.model for c in first] == [BASE] * 20 + [ONE] * 20
+    assert [c.seq for c in first[:20]] == [4 * k for k in range(20)]  # own ones, in order
+    second = claim(db, job, [BASE, ONE], n=60)
+    # BASE: its last 10 own ones, then the 10 naming it; ONE: its last 10; 30 short of 60.
+    assert [c.model for c in second] == [BASE] * 20 + [ONE] * 10
+    assert [c.seq for c in second[10:20]] == list(range(120, 130))
     assert claim(db, job, [BASE, ONE], n=100) == []
-    two = [c.model for c in claim(db, job, [TWO, REST], n=100)]
-    assert two == [REST] * 30 + [TWO] * 30  # names in the job's order of them (sorted)
+    two = claim(db, job, [TWO, REST], n=50)
+    assert [c.model for c in two] == [REST] * 25 + [TWO] * 25  # names in the job's order
+    assert [c.model for c in claim(db, job, [TWO, REST], n=50)] == [REST] * 5 + [TWO] * 5

@@ -36,16 +36,15 @@ _BY_MODEL = {
     "named_or_job": " AND (model IS NULL OR model = ANY(:models))",
 }
 
-# A claim takes a job's pending items one served name at a time (ModelFilter.arms): the job's
-# own items (a NULL model), then each name the worker serves. Each name is one range of
-# ix_items_pending (job_id, model, prefix_key, seq), walked in claim order: by prefix key
+# A claim takes a job's pending items by served name (ModelFilter.served, _claim_by_name): the
+# job's own items (a NULL model) and each other name the worker serves. Each name is one range
+# of ix_items_pending (job_id, model, prefix_key, seq), walked in claim order: by prefix key
 # (thinkbatch/jobs/prefix.py, NULL last), so that items whose prompts begin alike run together,
 # then in submission order. A claim reads the items it takes and no others, whatever else the
-# job holds. One filter over all of a job's pending items (`model IS NULL OR model = ANY(...)`)
-# read past every item of the names a worker does not serve, at each claim, and `= ANY` alone
-# sorted all of the worker's own pending items at each claim. `ORDER BY model` first: the range
-# of one model is then the index's own order (a NULL model is a range too, but `IS NULL` does
-# not make the planner drop the column from the order it needs).
+# job holds: one filter over all of a job's pending items (`model IS NULL OR model = ANY(...)`)
+# reads past every item of the names a worker does not serve, and `= ANY` alone sorts all of
+# its own. `ORDER BY model` first: the range of one model is then the index's own order (a NULL
+# model is a range too, but `IS NULL` does not let the planner drop the column from the order).
 _CLAIM_ARMS = {"own": "model IS NULL", "named": "model = :model"}
 
 
@@ -124,13 +123,7 @@ def claim(
         got = conn.execute(_CLAIM_SUSPECTS[models.kind], params | _model_params(models)).all()
         rows = sorted(got, key=_claim_order)
     else:
-        for name in models.arms():
-            arm = "own" if name is None else "named"
-            wanted = params | {"n": n - len(rows)} | ({} if name is None else {"model": name})
-            got = conn.execute(_CLAIM[arm], wanted).all()
-            rows += sorted(got, key=_claim_order)
-            if len(rows) >= n:
-                break
+        rows = _claim_by_name(conn, models.served(), params, n)
     if rows and state.status == JobStatus.queued:
         conn.execute(
             sa.text(
@@ -140,6 +133,39 @@ def claim(
             {"id": job_id},
         )
     return [Claimed(*row[:-1]) for row in rows]
+
+
+def _claim_by_name(
+    conn: sa.Connection, served: list[list[str | None]], params: dict[str, Any], n: int
+) -> list[Any]:
+    """Up to `n` pending items, shared evenly between the served names that have some: each
+    name's share, then what a name lacked taken from the others. A worker takes some of each
+    of its names at every claim, as the workers that serve only one of them do: one that took
+    its names in turn would leave the items only it serves until the shared ones are done."""
+    rows: list[Any] = []
+    while served and len(rows) < n:
+        share = -(-(n - len(rows)) // len(served))  # rounded up: the shares fill `n`
+        more = []
+        for arms in served:
+            want = min(share, n - len(rows))
+            if want <= 0:
+                break
+            got: list[Any] = []
+            for name in arms:
+                wanted = params | {"n": want - len(got)}
+                if name is not None:
+                    wanted["model"] = name
+                got += sorted(
+                    conn.execute(_CLAIM["own" if name is None else "named"], wanted).all(),
+                    key=_claim_order,
+                )
+                if len(got) >= want:
+                    break
+            rows += got
+            if len(got) >= want:
+                more.append(arms)  # it may have more: asked again for what others lacked
+        served = more
+    return rows
 
 
 def _claim_order(row: Any) -> tuple[bool, bytes, int]:
@@ -171,12 +197,11 @@ class ModelFilter:
         mine = tuple(m for m in job_models if m in served)
         return cls(mine, job_model, every=len(mine) == len(set(job_models)))
 
-    def arms(self) -> list[str | None]:
-        """The names a claim takes items of, in turn: None for the job's own items (a NULL
-        model) when the job's model is served, then each served name (items may name the
-        job's model too)."""
-        own: list[str | None] = [None] if self.job_model in self.names else []
-        return [*own, *self.names]
+    def served(self) -> list[list[str | None]]:
+        """The served names a claim shares itself between, each as the arms of _CLAIM that
+        hold its items: the job's model as its own items (a NULL model) and then those naming
+        it (a batch file's lines name theirs); every other name as itself."""
+        return [[None, name] if name == self.job_model else [name] for name in self.names]
 
     @property
     def kind(self) -> str:
