@@ -1,4 +1,4 @@
-"""Claims take a job's pending items one served name at a time, from one index
+"""Claims take a job's pending items name by name, from one index
 
 Revision ID: 0013
 Revises: 0012
@@ -6,9 +6,9 @@ Create Date: 2026-12-03 16:00:00
 
 `ix_items_pending` (job_id, model, prefix_key, seq), partial on pending items not crashed,
 replaces `ix_items_pending_prefix` (every pending item, in claim order) and
-`ix_items_pending_model` (those naming a model). A claim now takes the job's own items (a NULL
-model) and then each name its worker serves, each name one range of the index in claim order
-(thinkbatch/ledger/claims.py). A worker that serves some of a job's models read past the
+`ix_items_pending_model` (those naming a model). A claim now takes its items name by name, the
+job's own items (a NULL model) being one range too, each name one range of the index in claim
+order (thinkbatch/ledger/claims.py). A worker that serves some of a job's models read past the
 others' pending items at every claim, or sorted all of its own; now it reads what it takes.
 A pending item has one entry, as before for a job of one model; a mixed job's named items had
 two.
