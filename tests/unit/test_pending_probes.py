@@ -13,11 +13,14 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy import orm
 
 from tests.helpers import make_settings
 from tests.helpers import submit_job
 from thinkbatch import ledger
+from thinkbatch.jobs import read
 from thinkbatch.ledger import ModelFilter
+from thinkbatch.models import Job
 from thinkbatch.settings import Settings
 
 BASE, ONE, TWO, REST = "thinkbatch-demo", "tiny-one", "tiny-two", "tiny-rest"
@@ -163,3 +166,16 @@ def test_a_claim_shares_itself_between_the_served_names(db: sa.Engine, settings:
     two = claim(db, job, [TWO, REST], n=50)
     assert [c.model for c in two] == [REST] * 25 + [TWO] * 25  # names in the job's order
     assert [c.model for c in claim(db, job, [TWO, REST], n=50)] == [REST] * 5 + [TWO] * 5
+
+
+def test_a_poll_asks_cheaply_which_models_a_job_waits_for(db: sa.Engine, job_id: uuid.UUID) -> None:
+    """A status poll of a mixed job with no live worker names the models whose items are
+    pending; each model's question is the workers' probe, not a read of the job's pending
+    items (here 5,960 of REST's)."""
+    with orm.Session(db) as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        session.expunge(job)
+    answer, fetched = blocks_per_call(db, lambda c: read.waiting_for(c, job, {}))
+    assert answer == [REST]
+    assert fetched <= 3 * MOST_BLOCKS  # three models asked

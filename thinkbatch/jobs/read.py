@@ -14,6 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import orm
 
+from thinkbatch import ledger
 from thinkbatch.db import Prepared
 from thinkbatch.errors import InputError
 from thinkbatch.errors import NotFound
@@ -27,6 +28,7 @@ from thinkbatch.jobs.wire import JobPage
 from thinkbatch.jobs.wire import JobStats
 from thinkbatch.jobs.wire import Usage
 from thinkbatch.keys import Caller
+from thinkbatch.ledger import ModelFilter
 from thinkbatch.models import Item
 from thinkbatch.models import ItemStatus
 from thinkbatch.models import Job
@@ -111,18 +113,12 @@ def waiting_for(conn: sa.Connection, job: Job | JobRecord, live: dict[str, int])
     idle = [m for m in models if not live.get(m)]
     if len(models) <= 1 or not idle:
         return idle
+    # As a worker of that one model asks (an item of the job's own model names none): from the
+    # pending index by name, not by filtering the job's pending items, which a poll of a big
+    # mixed job would read whole once the model's own are done.
     return [
-        m
-        for m in idle
-        if conn.execute(_PENDING_OF, {"id": job.id, "m": m, "own": m == job.model}).scalar()
+        m for m in idle if ledger.has_pending(conn, job.id, ModelFilter.of(job.model, models, [m]))
     ]
-
-
-# An item of the job's own model names none (NULL).
-_PENDING_OF = sa.text(
-    "SELECT EXISTS (SELECT 1 FROM items WHERE job_id = :id AND status = 'pending' "
-    "AND (model = :m OR (:own AND model IS NULL)))"
-)
 
 
 def job_out(
