@@ -15,6 +15,11 @@ from thinkbatch.ledger.rows import Claimed
 from thinkbatch.ledger.statuses import RUNNABLE
 from thinkbatch.models import JobStatus
 
+# A job's pending items not crashed (the claims' and ix_items_pending's), and its crash suspects
+# (ix_items_pending_suspects').
+FRESH = "status = 'pending' AND crashes = 0"
+SUSPECT = "status = 'pending' AND crashes > 0"
+
 # Lease the picked items to :owner and count the attempt; shared by both claims below.
 _LEASE_PICKED = """
     UPDATE items AS i SET
@@ -53,7 +58,7 @@ def _claim_sql(arm: str) -> sa.TextClause:
         f"""
         WITH picked AS (
             SELECT id FROM items
-            WHERE job_id = :job_id AND status = 'pending' AND crashes = 0 AND {_CLAIM_ARMS[arm]}
+            WHERE job_id = :job_id AND {FRESH} AND {_CLAIM_ARMS[arm]}
             ORDER BY model, prefix_key, seq LIMIT :n
             FOR UPDATE SKIP LOCKED
         )
@@ -76,7 +81,7 @@ def _suspects_sql(models: str) -> sa.TextClause:
         f"""
         WITH top AS (
             SELECT max(crashes) AS crashes FROM items
-            WHERE job_id = :job_id AND status = 'pending' AND crashes > 0{by_model}
+            WHERE job_id = :job_id AND {SUSPECT}{by_model}
         ), tier AS (
             SELECT count(*) AS n FROM items
             WHERE job_id = :job_id AND crashes = (SELECT crashes FROM top){by_model}
@@ -118,7 +123,7 @@ def claim(
     if models is None:
         models = _every_model(conn, job_id)
     params: dict[str, Any] = {"job_id": job_id, "owner": owner, "lease_s": lease_s}
-    rows: list[Any] = []
+    rows: list[Any]
     if suspects:
         got = conn.execute(_CLAIM_SUSPECTS[models.kind], params | _model_params(models)).all()
         rows = sorted(got, key=_claim_order)
@@ -232,10 +237,6 @@ def _model_params(models: ModelFilter | None) -> dict[str, Any]:
 # the first item in its index's order, not for any matching row: for the latter a prepared
 # statement's generic plan, which knows neither the job nor the model, takes a sequential scan
 # (expecting a match at once) and reads the whole table.
-FRESH = "status = 'pending' AND crashes = 0"
-SUSPECT = "status = 'pending' AND crashes > 0"
-
-
 def any_item(job: str, where: str, order: str) -> str:
     """Whether an item of the job `job` (an expression) meets `where`: the first in `order`,
     the order of the index meant to answer it."""
