@@ -85,6 +85,15 @@ def blocks_per_call(db: sa.Engine, probe: Callable[[sa.Connection], Any]) -> tup
     return answer, fetched / 4
 
 
+def cheap_answers(
+    db: sa.Engine, probes: dict[str, Callable[[sa.Connection], Any]]
+) -> dict[str, Any]:
+    """Each probe's answer, once every one of them is seen to fetch at most MOST_BLOCKS."""
+    seen = {name: blocks_per_call(db, probe) for name, probe in probes.items()}
+    assert {name: n for name, (_, n) in seen.items() if n > MOST_BLOCKS} == {}
+    return {name: answer for name, (answer, _) in seen.items()}
+
+
 def test_a_worker_whose_models_are_done_asks_cheaply(db: sa.Engine, job_id: uuid.UUID) -> None:
     one = of(db, job_id, [ONE])
     both = of(db, job_id, [ONE, TWO])
@@ -97,8 +106,7 @@ def test_a_worker_whose_models_are_done_asks_cheaply(db: sa.Engine, job_id: uuid
         "job_to_adopt": lambda c: ledger.job_to_adopt(c, models=[ONE, TWO], exclude=[]),
         "stale_jobs": lambda c: ledger.stale_jobs(c, stale_s=0, models=[ONE, TWO]),
     }
-    seen = {name: blocks_per_call(db, probe) for name, probe in probes.items()}
-    assert {name: answer for name, (answer, _) in seen.items()} == {
+    assert cheap_answers(db, probes) == {
         "has_pending one": False,
         "has_pending both": False,
         "has_suspects one": False,
@@ -106,7 +114,6 @@ def test_a_worker_whose_models_are_done_asks_cheaply(db: sa.Engine, job_id: uuid
         "job_to_adopt": None,
         "stale_jobs": [],
     }
-    assert {name: n for name, (_, n) in seen.items() if n > MOST_BLOCKS} == {}
     # The worker of what is left finds it, as cheaply.
     rest = of(db, job_id, [REST])
     answer, fetched = blocks_per_call(db, lambda c: ledger.has_pending(c, job_id, rest))
@@ -128,8 +135,7 @@ def test_suspects_are_found_by_the_workers_of_their_model(db: sa.Engine, job_id:
         "job_to_adopt one": lambda c: ledger.job_to_adopt(c, models=[ONE], exclude=[]),
         "job_to_adopt two": lambda c: ledger.job_to_adopt(c, models=[TWO], exclude=[]),
     }
-    seen = {name: blocks_per_call(db, probe) for name, probe in probes.items()}
-    assert {name: answer for name, (answer, _) in seen.items()} == {
+    assert cheap_answers(db, probes) == {
         "has_suspects one": True,
         "has_pending one": True,
         "has_suspects two": False,
@@ -137,7 +143,6 @@ def test_suspects_are_found_by_the_workers_of_their_model(db: sa.Engine, job_id:
         "job_to_adopt one": job_id,
         "job_to_adopt two": None,
     }
-    assert {name: n for name, (_, n) in seen.items() if n > MOST_BLOCKS} == {}
     # And they are claimed as suspects, one group at a time.
     with db.begin() as conn:
         again = ledger.claim(conn, job_id, owner="w2", n=0, lease_s=60, suspects=True, models=one)
