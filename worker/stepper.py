@@ -2,11 +2,10 @@
 from the engine loop as asyncio futures.
 
 Why not vLLM's `AsyncLLM`: it spends an asyncio task, an output queue and several event-loop
-turns on every request, on the worker's one GIL. The same requests through `LLMEngine`, the
-engine `vllm.LLM` runs, cost 183-196 us of this process's CPU an item against 520 for
-`AsyncLLM`, at 16 output tokens on the 2-core CPU host (`python -m bench.stepper` prints the
-comparison). Here a request costs a future, a place in a list and its share of one hand-off
-per engine step.
+turns on every request, on the worker's one GIL. `LLMEngine`, the engine `vllm.LLM` runs, takes
+the same requests in a plain loop; here a request costs a future, a place in a list and its
+share of one hand-off per engine step. What it bought the worker, measured by `make bench`
+before and after: docs/performance.md.
 
 One thread owns the engine: it adds the requests handed in, aborts the ones given up, steps
 the engine while it has work, and hands every finished output back to the loop in one call per
