@@ -127,8 +127,7 @@ def worker_cpu(port: int) -> dict[str, float]:
 
 
 STAGE_ORDER = ("claim", "prepare", "launch", "submit", "output", "settle", "parse", "store")
-# engine-step: vLLM's engine (adding requests, stepping, its outputs), worker/stepper.py.
-RUNNER_THREADS = ("claimer", "engine-loop", "engine-step", "writer", "housekeeper")
+RUNNER_THREADS = ("claimer", "engine-loop", "writer", "housekeeper")
 
 
 def stage_rows(system: dict[str, Any], n: int) -> list[tuple[str, float]]:
@@ -138,7 +137,7 @@ def stage_rows(system: dict[str, Any], n: int) -> list[tuple[str, float]]:
     rows = [(f"  {s}", cpu.get(f"stage:{s}", 0.0) * per) for s in STAGE_ORDER]
     loop_stages = sum(cpu.get(f"stage:{s}", 0.0) for s in ("submit", "output", "settle"))
     rows.append((
-        "  engine loop, rest (fake engine steps, asyncio)",
+        "  engine loop, rest (engine's output handler / fake engine steps, asyncio)",
         (cpu.get("thread:engine-loop", 0.0) - loop_stages) * per,
     ))  # fmt: skip
     threads = {k[len("thread:") :]: v for k, v in cpu.items() if k.startswith("thread:")}

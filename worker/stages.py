@@ -10,13 +10,12 @@ cheap enough to stay on in production. The totals are served as
 
 Stages, in the item's order: `claim` (the leasing transaction, claimer thread), `prepare`
 (render the chat template and tokenize), `launch` (sampling, the flights, the hand-off to the
-loop), `submit` (creating the task and the request's first step on the engine loop: for vLLM,
-handing it to the stepping thread), `output` (the request's later steps: taking its final
-output, decoding the text), `settle` (back in the window, queued for the writer), `parse`
-(splitting thinking from the answer, counting reasoning tokens; writer thread), `store` (the
-fenced write transaction). What the engine loop spends beside these (the fake engine's steps,
-asyncio) is its thread's total minus them; vLLM's own work (adding each request, stepping the
-engine, its outputs) is the `engine-step` thread's (worker/stepper.py).
+loop), `submit` (creating the task and the engine's first step for the request, on the engine
+loop), `output` (the request's later steps: taking its final output, decoding the text),
+`settle` (back in the window, queued for the writer), `parse` (splitting thinking from the
+answer, counting reasoning tokens; writer thread), `store` (the fenced write transaction).
+What the engine loop spends beside these (vLLM's output handler for all requests, or the fake
+engine's steps, and asyncio itself) is its thread's total minus them.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 vLLM's module paths and names move between releases (`reasoning_content` became `reasoning`,
 protocol modules moved), so everything thinkbatch touches is kept to a few stable entry points:
-`AsyncEngineArgs`, `LLMEngine`, `SamplingParams`, `tokens_input` and two exception types,
+`AsyncEngineArgs`, `AsyncLLM`, `SamplingParams`, `tokens_input` and three exception types,
 plus `ReasoningConfig` (the thinking budget), `StatLoggerBase` (speculative decoding figures)
 and `LoRARequest` (adapters).
 """
@@ -30,10 +30,9 @@ from vllm.inputs.engine import tokens_input
 from vllm.lora.request import LoRARequest
 from vllm.sampling_params import RequestOutputKind
 from vllm.sampling_params import StructuredOutputsParams
-from vllm.usage.usage_lib import UsageContext
+from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
-from vllm.v1.engine.llm_engine import LLMEngine
-from vllm.v1.executor import Executor
+from vllm.v1.engine.exceptions import EngineGenerateError
 from vllm.v1.metrics.loggers import PrometheusStatLogger
 from vllm.v1.metrics.loggers import StatLoggerBase
 
@@ -57,7 +56,6 @@ from worker.engine import SpeculativeStats
 from worker.engine import ThinkTokens
 from worker.engine import message_tokens_min
 from worker.engine import widest_token_bytes
-from worker.stepper import Stepper
 
 log = logging.getLogger(__name__)
 
@@ -202,8 +200,6 @@ def encode_ids(tokenizer: Any, texts: list[str], add_special_tokens: bool) -> li
 
 
 SPEC_LOG_INTERVAL_S = 60.0
-# How often the watch looks for a dead engine core (a step blocked on it is not woken).
-ENGINE_WATCH_S = 0.5
 # OpenAI's stand-in for a log probability of minus infinity: JSON (and Postgres) hold no -inf.
 NEG_INF_LOGPROB = -9999.0
 
@@ -224,72 +220,13 @@ def structured_params(structured: Structured | None) -> StructuredOutputsParams 
     return StructuredOutputsParams(grammar=str(structured.spec))
 
 
-def _refusal_code(sampling: Sampling, error: BaseException | None = None) -> str:
+def _refusal_code(sampling: Sampling, error: Exception | None = None) -> str:
     """The code of a request the engine refuses: its constraint (what only the grammar
     compiler can refuse; vLLM names no parameter for it), else its values."""
     if sampling.structured is None:
         return "invalid_request"
     parameter = getattr(error, "parameter", None)
     return "grammar_error" if parameter in (None, "structured_outputs") else "invalid_request"
-
-
-def classify(error: BaseException, prepared: Prepared | None) -> BaseException:
-    """What an error of vLLM's means for the item (worker.stepper). A dead engine (or an error
-    of the step itself, `prepared` None) ends the engine for every item. vLLM refuses a
-    request's values while adding it with its client errors or a plain ValueError (a schema
-    xgrammar cannot compile among them): retrying cannot help, so the item is rejected.
-    Anything else is an engine error, which the runner retries."""
-    if isinstance(error, EngineDead):
-        return error
-    if isinstance(error, EngineDeadError):
-        return EngineDead(str(error))
-    if prepared is None:
-        return error
-    if isinstance(error, VLLMClientError | ValueError):
-        return ItemRejected(_refusal_code(prepared.sampling, error), str(error))
-    return error
-
-
-def new_engine(args: AsyncEngineArgs, stat_loggers: list[Any]) -> LLMEngine:
-    """vLLM's synchronous engine, its core in a process of its own as AsyncLLM's is; this
-    process steps it from one thread (worker.stepper says why not AsyncLLM). Its stats are on,
-    for our stat loggers (the scheduler's load, speculative decoding), and vLLM's default
-    loggers off, as AsyncLLM has them with custom loggers: vLLM adds its periodic log line
-    only when its metrics logger logs INFO, so that logger is quiet while the engine is made."""
-    config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
-    metrics_log = logging.getLogger("vllm.v1.metrics.loggers")
-    level = metrics_log.level
-    metrics_log.setLevel(logging.WARNING)
-    try:
-        return LLMEngine(
-            vllm_config=config,
-            executor_class=Executor.get_class(config),
-            log_stats=True,
-            stat_loggers=stat_loggers,
-            multiprocess_mode=True,
-        )
-    finally:
-        metrics_log.setLevel(level)
-
-
-def add_request(engine: LLMEngine, request_id: str, prepared: Prepared) -> None:
-    """Add one prepared item to the engine (on the stepping thread)."""
-    prompt = tokens_input(prepared.prompt_ids)
-    if not prepared.answer_only:
-        engine.add_request(request_id, prompt, prepared.native, lora_request=prepared.adapter)
-        return
-    # An answer with no thinking before it: its constraint must hold from the first token.
-    # LLMEngine.add_request takes no `reasoning_ended` (AsyncLLM's does, and sets it on the
-    # processed request just so): the request is processed here, marked, then added.
-    request = engine.input_processor.process_inputs(
-        request_id,
-        prompt,
-        prepared.native,
-        supported_tasks=engine.get_supported_tasks(),
-        lora_request=prepared.adapter,
-    )
-    request.reasoning_ended = True
-    engine.add_request(request_id, request, prepared.native)
 
 
 class _EngineStats(StatLoggerBase):
@@ -391,9 +328,7 @@ class _NoVLLMMetrics(PrometheusStatLogger):
 class VLLMEngine:
     def __init__(self, settings: Settings):
         self.settings = settings
-        self.llm: LLMEngine | None = None
-        self._stepper: Stepper | None = None
-        self._watch: threading.Thread | None = None
+        self.llm: AsyncLLM | None = None
         self.tokenizer: Any = None
         self.max_model_len = 0
         self.think = ThinkTokens(None, None, None)
@@ -420,21 +355,16 @@ class VLLMEngine:
         configure_environment(self.settings, device)
         model = self.settings.model
         paths = adapter_paths(self.settings.lora_adapters)
-        self.llm = new_engine(engine_args(self.settings, model, device), self.stat_loggers())
+        self.llm = AsyncLLM.from_engine_args(
+            engine_args(self.settings, model, device), stat_loggers=self.stat_loggers()
+        )
         try:
-            self._load_adapters(paths)
+            await self._load_adapters(paths)
         except BaseException:
             # A worker that cannot serve its adapters must not start; nor leave an engine.
-            self.llm.engine_core.shutdown()
+            self.llm.shutdown()
             self.llm = None
             raise
-        self._stepper = Stepper(self.llm, add=add_request, classify=classify)
-        self._stepper.start()
-        self._watch = threading.Thread(
-            target=self._watch_engine, args=(self.llm, self._stepper), name="engine-watch",
-            daemon=True,
-        )  # fmt: skip
-        self._watch.start()
         keep_off_compute_cores(device, self.settings.cpu_engine_core)
         self.tokenizer = self.llm.get_tokenizer()
         # The Rust tokenizer under the transformers wrapper, for the one-shot decode.
@@ -465,18 +395,7 @@ class VLLMEngine:
             sorted(self._adapters) or "none",
         )
 
-    @staticmethod
-    def _watch_engine(llm: LLMEngine, stepper: Stepper) -> None:
-        """Fail every item when the engine core's process dies. vLLM's client marks itself dead
-        then and shuts down, but a step waiting for the core's next output is not woken."""
-        resources = getattr(llm.engine_core, "resources", None)
-        while stepper.dead is None and resources is not None:
-            if resources.engine_dead:
-                stepper.fail(EngineDead("the engine core process died"))
-                return
-            time.sleep(ENGINE_WATCH_S)
-
-    def _load_adapters(self, paths: dict[str, str]) -> None:
+    async def _load_adapters(self, paths: dict[str, str]) -> None:
         """Load every adapter now. vLLM would load one on its first request otherwise, and a
         request whose adapter fails to load there kills the whole engine (EngineDeadError for
         every item in flight); add_lora fails alone, with the loader's message."""
@@ -484,7 +403,7 @@ class VLLMEngine:
         for lora_id, (name, path) in enumerate(paths.items(), start=1):
             request = LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=path)
             try:
-                loaded = self.llm.add_lora(request)
+                loaded = await self.llm.add_lora(request)
             except Exception as error:  # vLLM raises a plain Exception for a failed load
                 raise AdapterError(
                     f"LoRA adapter {name!r} ({path}) did not load: {error}"
@@ -492,7 +411,7 @@ class VLLMEngine:
             if not loaded:
                 raise AdapterError(f"LoRA adapter {name!r} ({path}) did not load")
             self._adapters[name] = request
-        held = set(self.llm.list_loras()) if paths else set()
+        held = set(await self.llm.list_loras()) if paths else set()
         missing = [r.lora_name for r in self._adapters.values() if r.lora_int_id not in held]
         if missing:  # ENGINE_EXTRA_ARGS set max_cpu_loras below the adapters' count
             raise AdapterError(
@@ -719,8 +638,31 @@ class VLLMEngine:
         )
 
     async def generate(self, request_id: str, prepared: Prepared) -> Generation:
-        assert self._stepper is not None
-        final = await self._stepper.run(request_id, prepared)
+        assert self.llm is not None
+        final = None
+        try:
+            async for output in self.llm.generate(
+                tokens_input(prepared.prompt_ids),
+                prepared.native,
+                request_id,
+                lora_request=prepared.adapter,
+                reasoning_ended=True if prepared.answer_only else None,
+            ):
+                final = output
+        except EngineDeadError as error:
+            raise EngineDead(str(error)) from error
+        except VLLMClientError as error:  # request validation: retrying cannot help
+            raise ItemRejected(_refusal_code(prepared.sampling, error), str(error)) from error
+        except EngineGenerateError as error:
+            # AsyncLLM.generate re-raises its own client errors, but wraps anything else its
+            # request path raises (the input processor's plain ValueErrors among them, such as
+            # a schema xgrammar cannot compile) in an EngineGenerateError with no message of its
+            # own. A ValueError underneath is a refusal of this request's values: retrying
+            # cannot help. Anything else stays an engine error, which the runner retries.
+            cause = error.__cause__
+            if isinstance(cause, ValueError):
+                raise ItemRejected(_refusal_code(prepared.sampling, cause), str(cause)) from error
+            raise
         if final is None or not final.outputs:
             raise RuntimeError("the engine returned no output")
         prompt_tokens = len(final.prompt_token_ids or prepared.prompt_ids)
@@ -775,9 +717,7 @@ class VLLMEngine:
     async def shutdown(self) -> None:
         if self._spec is not None:
             log.info("%s", self._spec.summary())
-        if self._stepper is not None:
-            self._stepper.stop()
         if self.llm is not None:
-            self.llm.engine_core.shutdown()
+            self.llm.shutdown()
             self.llm = None
             disable_envs_cache()  # a later engine in this process reads the environment anew

@@ -1,8 +1,7 @@
-"""The real vLLM engine's core process killed while requests run: every request in flight ends
-with EngineDead within seconds, and so does every later one, so that the worker hands its items
-back and restarts (worker.runner) instead of waiting on a step that never comes. vLLM's client
-marks itself dead when its core exits but does not wake a step waiting for the core's output;
-the adapter's watch does (worker/vllm_engine.py, worker/stepper.py)."""
+"""The real vLLM engine's core process killed while requests run (an OOM kill, a crashed
+driver): every request in flight ends with EngineDead within seconds, and so does every later
+one, so that the worker hands its items back and restarts (worker.runner) instead of waiting on
+an engine that is gone. The chaos suite kills whole workers; this kills the core alone."""
 
 from __future__ import annotations
 

@@ -1,47 +1,45 @@
-"""How the vLLM adapter classes a request's failure: vLLM's own LLMEngine.add_request raises its
-client errors and a plain ValueError for a request's values (the item is rejected, never
-retried), EngineDeadError for a dead engine (the worker's end), and anything else is the
-engine's fault (retried). Each request goes through the adapter's stepping thread as the worker
-sends it."""
+"""How the vLLM adapter classes a request's failure: through vLLM's own AsyncLLM.generate, which
+re-raises its client errors and the engine's death as they are and wraps anything else in an
+EngineGenerateError. A ValueError under that wrapper is the item's own fault (rejected, never
+retried); any other wrapped error is the engine's (retried); a dead engine ends the worker."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from thinkbatch.sampling import resolve_sampling
+from thinkbatch.settings import Settings
 
 # imports vLLM (and torch): ~15 s on this host
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
 
 def _engine_failing_with(error: BaseException) -> Any:
-    """vLLM's real LLMEngine.add_request on an engine whose input processing (where vLLM
-    validates a request) raises `error`, behind the adapter's stepping thread."""
-    from vllm.v1.engine.llm_engine import LLMEngine
+    """A VLLMEngine whose requests go through vLLM's real AsyncLLM.generate, on an engine whose
+    add_request (input processing and admission, where vLLM validates a request) raises."""
+    from vllm.v1.engine.async_llm import AsyncLLM
 
-    from worker.stepper import Stepper
-    from worker.vllm_engine import add_request
-    from worker.vllm_engine import classify
+    from worker.vllm_engine import VLLMEngine
 
-    def process_inputs(*args: Any, **kwargs: Any) -> None:
+    async def add_request(*args: Any, **kwargs: Any) -> None:
         raise error
 
-    core = SimpleNamespace(
-        input_processor=SimpleNamespace(process_inputs=process_inputs),
-        get_supported_tasks=lambda: ("generate",),
-    )
-    engine = SimpleNamespace(
-        add_request=functools.partial(LLMEngine.add_request, core),
-        has_unfinished_requests=lambda: False,
-    )
-    stepper = Stepper(engine, add=add_request, classify=classify)  # type: ignore[arg-type]
-    stepper.start()
-    return stepper
+    async def abort(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    core = SimpleNamespace(add_request=add_request, abort=abort, log_requests=False)
+
+    def generate(prompt: Any, params: Any, request_id: str, **kwargs: Any) -> AsyncIterator[Any]:
+        return AsyncLLM.generate(core, prompt, params, request_id, **kwargs)  # type: ignore[arg-type]
+
+    engine = VLLMEngine(Settings(_env_file=None))
+    engine.llm = SimpleNamespace(generate=generate)  # type: ignore[assignment]
+    return engine
 
 
 def _generate(engine: Any) -> Any:
@@ -55,13 +53,12 @@ def _generate(engine: Any) -> Any:
         sampling=resolve_sampling({}, {}, default_max_tokens=8),
         native=SamplingParams(max_tokens=8),
     )
-    try:
-        return asyncio.run(engine.run("7-1", prepared))
-    finally:
-        engine.stop()
+    return asyncio.run(engine.generate("7-1", prepared))
 
 
 def test_a_value_error_in_the_request_path_rejects_the_item() -> None:
+    from vllm.v1.engine.exceptions import EngineGenerateError
+
     from worker.engine import ItemRejected
 
     refusal = ValueError("sampling distribution replay requires temperature > 0")
@@ -69,6 +66,9 @@ def test_a_value_error_in_the_request_path_rejects_the_item() -> None:
         _generate(_engine_failing_with(refusal))
     assert caught.value.code == "invalid_request"
     assert caught.value.message == str(refusal)
+    # What vLLM raised, kept as the chain: its wrapper, and the refusal under it.
+    assert isinstance(caught.value.__cause__, EngineGenerateError)
+    assert caught.value.__cause__.__cause__ is refusal
 
 
 def test_a_client_error_rejects_the_item() -> None:
@@ -81,14 +81,16 @@ def test_a_client_error_rejects_the_item() -> None:
     assert caught.value.code == "invalid_request" and "top_k" in caught.value.message
 
 
-def test_any_other_error_stays_an_engine_error_to_retry() -> None:
+def test_any_other_wrapped_error_stays_an_engine_error_to_retry() -> None:
+    from vllm.v1.engine.exceptions import EngineGenerateError
+
     from worker.engine import ItemRejected
 
     fault = RuntimeError("CUDA error: an illegal memory access was encountered")
-    with pytest.raises(RuntimeError) as caught:
+    with pytest.raises(EngineGenerateError) as caught:
         _generate(_engine_failing_with(fault))
     assert not isinstance(caught.value, ItemRejected)
-    assert caught.value is fault
+    assert caught.value.__cause__ is fault
 
 
 def test_a_dead_engine_is_the_workers_end() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -59,7 +60,7 @@ def test_adapter_directories_are_checked_before_the_engine_starts(tmp_path: Path
 def _engine_with(add_lora: Any, held: list[int] | None = None) -> Any:
     from worker.vllm_engine import VLLMEngine
 
-    def list_loras() -> set[int]:
+    async def list_loras() -> set[int]:
         return set(held or [])
 
     engine = VLLMEngine(_settings(lora_adapters=TWO))
@@ -68,7 +69,7 @@ def _engine_with(add_lora: Any, held: list[int] | None = None) -> Any:
 
 
 def test_an_adapter_vllm_cannot_load_fails_the_start_with_its_name() -> None:
-    def add_lora(request: Any) -> bool:
+    async def add_lora(request: Any) -> bool:
         if request.lora_name == "b":
             # vLLM raises a plain Exception for a load that fails in its engine core.
             raise Exception("Call to add_lora method failed: No adapter found for /adapters/b")
@@ -76,18 +77,18 @@ def test_an_adapter_vllm_cannot_load_fails_the_start_with_its_name() -> None:
 
     engine = _engine_with(add_lora, held=[1])
     with pytest.raises(AdapterError, match=r"'b' \(/adapters/b\) did not load: .*No adapter"):
-        engine._load_adapters(TWO)
+        asyncio.run(engine._load_adapters(TWO))
 
 
 def test_adapters_are_loaded_with_ids_from_one_and_all_held() -> None:
     seen: list[Any] = []
 
-    def add_lora(request: Any) -> bool:
+    async def add_lora(request: Any) -> bool:
         seen.append(request)
         return True
 
     engine = _engine_with(add_lora, held=[1, 2])
-    engine._load_adapters(TWO)
+    asyncio.run(engine._load_adapters(TWO))
     assert [(r.lora_name, r.lora_int_id, r.lora_path) for r in seen] == [
         ("a", 1, "/adapters/a"),
         ("b", 2, "/adapters/b"),
@@ -96,4 +97,4 @@ def test_adapters_are_loaded_with_ids_from_one_and_all_held() -> None:
 
     short = _engine_with(add_lora, held=[2])
     with pytest.raises(AdapterError, match=r"holds 1 of 2 .*\['a'\].*max_cpu_loras"):
-        short._load_adapters(TWO)
+        asyncio.run(short._load_adapters(TWO))
