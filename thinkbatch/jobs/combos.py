@@ -107,6 +107,10 @@ def _check_schemas(params: SamplingParamsIn, p: str) -> None:
             raise _bad(f"{p}tools[{i}].function.parameters", why, "invalid_schema")
 
 
+# An item's params when it overrides none: one instance, read and never changed. Building a
+# pydantic model for each such item was most of what this check cost a plain item.
+_NO_OVERRIDES = SamplingParamsIn()
+
 # Which of (max_tokens, n, the logprobs group) an item sets.
 _Pattern = tuple[bool, bool, bool]
 
@@ -129,7 +133,7 @@ class Combinations:
         self._worst: dict[_Pattern, _Worst] = {}
 
     def item(self, index: int, item: ItemIn) -> None:
-        params = item.params or SamplingParamsIn()
+        params = item.params or _NO_OVERRIDES
         prefix = f"items[{index}].params"
         if item.params is not None:
             check_params(params, prefix, self.settings)
