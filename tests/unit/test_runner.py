@@ -23,6 +23,7 @@ from tests.runner_harness import wait_status
 from thinkbatch.settings import Settings
 from worker.engine import create_engine
 from worker.runner import Runner
+from worker.runner.core import PROGRESS_INTERVAL_S
 
 
 def test_a_job_runs_to_completion_with_the_engine_kept_full(harness: Harness) -> None:
@@ -444,3 +445,45 @@ def test_a_tenant_may_hold_only_so_many_task_threads(harness: Harness) -> None:
     later_thread, _ = harness.drive(runner, jobs[2])
     later_thread.join(120)
     assert job_row(harness.db, jobs[2]).status == "completed"
+
+
+def test_a_task_reads_its_jobs_state_by_the_clock_not_by_the_stored_batch(
+    harness: Harness,
+) -> None:
+    """The task driving a job reads the job's state (a query) each time it wakes. It wakes
+    every PROGRESS_INTERVAL_S and when nothing of its own is left unsettled, not after every
+    batch the writer stores: at short outputs that was tens of queries a second."""
+    runner = harness.runner(write_interval_s=0.02)  # many small batches
+    reads: list[float] = []
+    batches: list[int] = []
+
+    def counted(read: Callable[[uuid.UUID], Any]) -> Callable[[uuid.UUID], Any]:
+        def read_and_count(job_id: uuid.UUID) -> Any:
+            reads.append(time.monotonic())
+            return read(job_id)
+
+        return read_and_count
+
+    persist = runner.writer.persist
+
+    def persist_and_count(batch: list[Any]) -> None:
+        batches.append(len(batch))
+        persist(batch)
+
+    runner._job_state = counted(runner._job_state)  # type: ignore[method-assign]
+    runner._heartbeat_job = counted(runner._heartbeat_job)  # type: ignore[method-assign]
+    runner.writer.persist = persist_and_count  # type: ignore[method-assign]
+    job_id = seed_job(harness.db, harness.settings, n=600)
+    started = time.monotonic()
+    thread, reports = harness.drive(runner, job_id)
+    thread.join(60)
+    elapsed = time.monotonic() - started
+    assert wait_status(harness.db, job_id, {"completed"}).succeeded == 600
+    assert reports[:-1][-1] == (600, 600)  # the last report is still final
+    # The writer stored many batches; the task read the job's state about once a second, plus
+    # a read for each time its items all settled (which may happen between claims).
+    assert len(batches) >= 20, batches
+    drains = len(reads) - elapsed / PROGRESS_INTERVAL_S
+    assert len(reads) < len(batches) / 2, (len(reads), len(batches), elapsed)
+    assert drains <= len(batches) / 4, (len(reads), len(batches), elapsed)
+    check_invariants(harness.db, job_id)

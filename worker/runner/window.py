@@ -45,6 +45,7 @@ class JobHandle:
     unsettled: int = 0  # claimed, result not yet stored
     claim_open: bool = True
     exhausted_until: float = 0.0  # the last claim found nothing; look again after this
+    # Set by the writer when `unsettled` drops to 0 (the driving task's early wake).
     settled: threading.Event = field(default_factory=threading.Event)
     # The handle this one took the job over from at a slice hand-off; its tail is still in the
     # engine and counts towards the job's share until it drains.

@@ -385,8 +385,13 @@ class Writer:
             for outcome in batch:
                 outcome.handle.unsettled -= 1
                 touched.add(outcome.handle)
+            drained = [handle for handle in touched if handle.unsettled == 0]
         self.suspects.left(sum(1 for o in batch if o.flight is not None and o.flight.quarantined))
-        for handle in touched:
+        # Only a job with nothing of ours left unsettled wakes its task early (to end it, or
+        # to see that it ran dry); its progress is read every PROGRESS_INTERVAL_S anyway. The
+        # task reads the job's state on each wake: a wake per stored batch was a query per
+        # batch, tens a second at short outputs.
+        for handle in drained:
             handle.settled.set()
         self.inflight.wake.set()
         clock.add("store", time.thread_time() - start)
