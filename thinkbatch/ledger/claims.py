@@ -120,15 +120,16 @@ def claim(
         return []
     if n <= 0 and not suspects:
         return []
-    if models is None:
-        models = _every_model(conn, job_id)
     params: dict[str, Any] = {"job_id": job_id, "owner": owner, "lease_s": lease_s}
     rows: list[Any]
     if suspects:
-        got = conn.execute(_CLAIM_SUSPECTS[models.kind], params | _model_params(models)).all()
+        kind = "all" if models is None else models.kind
+        got = conn.execute(_CLAIM_SUSPECTS[kind], params | _model_params(models)).all()
         rows = sorted(got, key=_claim_order)
     else:
-        rows = _claim_by_name(conn, models.served(), params, n)
+        # No filter: every model of the job, which only a claim by name needs spelled out.
+        served = (models or _every_model(conn, job_id)).served()
+        rows = _claim_by_name(conn, served, params, n)
     if rows and state.status == JobStatus.queued:
         conn.execute(
             sa.text(
