@@ -42,6 +42,7 @@ def create_app(settings: Settings) -> Flask:
         settings=settings,
         engine=engine,
         sessions=front_door.sessions,
+        read_sessions=front_door.read_sessions,
         celery=celery,
         jobs=front_door,
     )

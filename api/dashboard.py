@@ -182,7 +182,7 @@ def login() -> BaseResponse:
     limiter.check(address)
     found = None
     if key and len(key) <= MAX_KEY_CHARS:
-        with svc.sessions() as session:
+        with svc.read_sessions() as session:
             found = verify_key(session, key)
     if found is None:
         limiter.failed(address)

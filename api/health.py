@@ -45,7 +45,7 @@ def healthz() -> dict[str, str]:
 def readyz() -> tuple[dict[str, object], int]:
     checks: dict[str, str] = {}
     try:
-        with services().engine.connect() as conn:
+        with services().jobs.reads.connect() as conn:
             conn.execute(sa.text("SELECT 1"))
         checks["database"] = "ok"
     except Exception as error:  # noqa: BLE001 - report, do not raise

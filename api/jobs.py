@@ -157,6 +157,7 @@ def items(job_id: str) -> Response:
         tags=("jobs",),
     )
 )
+@reads_request_connection
 def results(job_id: str) -> Response:
     svc = services()
     stream = svc.jobs.results(  # 404 before it starts
@@ -164,6 +165,9 @@ def results(job_id: str) -> Response:
         parse_job_id(job_id),
         status=parse_item_status(params.status()),
         include_thinking=params.include_thinking(),
+        # Given back before the body streams (api/services.py): the download reads on one
+        # connection of its own.
+        conn=request_connection(),
     )
     return Response(stream_with_context(stream), mimetype="application/x-ndjson")
 

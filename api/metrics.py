@@ -88,7 +88,7 @@ class FleetCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         svc = services()
         settings = svc.settings
-        with svc.engine.connect() as conn:
+        with svc.jobs.reads.connect() as conn:
             work = work_by_model(conn)
             live = live_workers(conn, dead_after_s=settings.worker_dead_after_s)
         items = GaugeMetricFamily(

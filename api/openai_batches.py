@@ -131,5 +131,5 @@ def cancel(batch_id: str) -> Response:
               tags=("openai",)))  # fmt: skip
 def models() -> Response:
     svc = services()
-    with svc.sessions() as session:
+    with svc.read_sessions() as session:
         return json_reply(service.served_models(session, svc.settings))

@@ -130,7 +130,7 @@ def list_() -> Response:
         raise InputError("order: must be asc or desc", param="order")
     after, limit = params.after(), params.limit(MAX_LIST, MAX_LIST)
     purpose = params.single("purpose")
-    with svc.sessions() as session:
+    with svc.read_sessions() as session:
         page = service.list_files(
             session, caller(), after=after, limit=limit, order=order, purpose=purpose
         )
@@ -142,7 +142,7 @@ def list_() -> Response:
               tags=("openai",)))  # fmt: skip
 def get(file_id: str) -> Response:
     svc = services()
-    with svc.sessions() as session:
+    with svc.read_sessions() as session:
         found = service.get_file(session, caller(), service.parse_file_id(file_id))
         return json_reply(service.file_out(found))
 

@@ -26,6 +26,10 @@ class Services:
     settings: Settings
     engine: sa.Engine
     sessions: orm.sessionmaker[orm.Session]
+    # Sessions for reads alone, each statement committed on its own (JobService.reads): a read
+    # that ended in a rollback would drop the pooled connection's prepared statements, those
+    # every status call runs.
+    read_sessions: orm.sessionmaker[orm.Session]
     celery: Celery
     jobs: JobService  # the job service's front door: every route of jobs and batches uses it
 

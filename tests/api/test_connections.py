@@ -19,10 +19,13 @@ from typing import Any
 import sqlalchemy as sa
 from flask import Flask
 from flask.testing import FlaskClient
+from psycopg.pq import TransactionStatus
 from sqlalchemy import event
 from sqlalchemy.pool import QueuePool
 
 from api.services import services
+
+IDLE = TransactionStatus.IDLE
 
 
 class Held:
@@ -62,17 +65,7 @@ def test_no_route_holds_two_connections(app: Flask, client: FlaskClient) -> None
         most[f"{method} {path}"] = held.most
         return response.json
 
-    job_id = call("POST", "/v1/jobs", json={"items": items})["id"]
-    lines = b"\n".join(
-        b'{"custom_id": "b%d", "method": "POST", "url": "/v1/chat/completions", '
-        b'"body": {"model": "thinkbatch-demo", "messages": [{"role": "user", "content": "hi"}]}}'
-        % k
-        for k in range(3)
-    )
-    form = {"purpose": "batch", "file": (io.BytesIO(lines), "b.jsonl")}
-    file_id = call("POST", "/v1/files", data=form)["id"]
-    created = {"input_file_id": file_id, "endpoint": "/v1/chat/completions"}
-    batch_id = call("POST", "/v1/batches", json={**created, "completion_window": "24h"})["id"]
+    job_id, file_id, batch_id = _a_job_a_file_and_a_batch(call, items)
     for method, path in (
         ("GET", f"/v1/jobs/{job_id}"),
         ("GET", f"/v1/jobs/{job_id}/items"),
@@ -92,6 +85,68 @@ def test_no_route_holds_two_connections(app: Flask, client: FlaskClient) -> None
     assert most.pop("POST /v1/batches") == 2
     assert set(most.values()) == {1}, f"{most}\n{held.where}"
     assert sum(held.now.values()) == 0  # every one given back
+
+
+def _a_job_a_file_and_a_batch(
+    call: Callable[..., Any], items: list[dict[str, str]]
+) -> tuple[str, str, str]:
+    job_id = call("POST", "/v1/jobs", json={"items": items})["id"]
+    lines = b"\n".join(
+        b'{"custom_id": "b%d", "method": "POST", "url": "/v1/chat/completions", '
+        b'"body": {"model": "thinkbatch-demo", "messages": [{"role": "user", "content": "hi"}]}}'
+        % k
+        for k in range(3)
+    )
+    form = {"purpose": "batch", "file": (io.BytesIO(lines), "b.jsonl")}
+    file_id = call("POST", "/v1/files", data=form)["id"]
+    created = {"input_file_id": file_id, "endpoint": "/v1/chat/completions"}
+    batch_id = call("POST", "/v1/batches", json={**created, "completion_window": "24h"})["id"]
+    return job_id, file_id, batch_id
+
+
+def test_no_read_ends_in_a_rollback_that_drops_the_pools_prepared_statements(
+    app: Flask, client: FlaskClient
+) -> None:
+    """psycopg drops every prepared statement of a connection when a transaction on it rolls
+    back (and Postgres then plans the status call's statement for its values five times over
+    on that connection, some 300 us each: tests/unit/test_plan_reuse.py). Every GET route
+    shares the pool with the status calls; none may roll back a transaction it opened."""
+    engine = services_engine(app)
+    dropping: list[str] = []
+    path = [""]
+
+    def rollback(conn: sa.Connection) -> None:
+        if conn.connection.dbapi_connection.info.transaction_status != IDLE:  # type: ignore[union-attr]
+            dropping.append(f"{path[0]}: {''.join(traceback.format_stack(limit=12))}")
+
+    def reset(dbapi_connection: Any, *_: Any) -> None:  # the pool's, when it is given back
+        if dbapi_connection.info.transaction_status != IDLE:
+            dropping.append(f"{path[0]} (given back in a transaction)")
+
+    def call(method: str, url: str, **kwargs: Any) -> Any:
+        path[0] = f"{method} {url}"
+        response = client.open(url, method=method, **kwargs)
+        assert response.status_code < 500, (url, response.text)
+        response.get_data()  # a streamed body runs to its end here
+        return response.json if response.is_json else None
+
+    items = [{"custom_id": f"c{k}", "prompt": f"question {k}"} for k in range(5)]
+    job_id, file_id, batch_id = _a_job_a_file_and_a_batch(call, items)
+    ids = {"job_id": job_id, "file_id": file_id, "batch_id": batch_id}
+    event.listen(engine, "rollback", rollback)
+    event.listen(engine.pool, "reset", reset)
+    called = []
+    try:
+        for rule in app.url_map.iter_rules():
+            if "GET" not in (rule.methods or ()) or {"filename", "name"} & set(rule.arguments):
+                continue  # static assets: no database
+            called.append(rule.rule)
+            call("GET", rule.rule.replace("<", "{").replace(">", "}").format(**ids))
+    finally:
+        event.remove(engine, "rollback", rollback)
+        event.remove(engine.pool, "reset", reset)
+    assert {"/v1/jobs/<job_id>/results", "/v1/files/<file_id>/content", "/readyz"} <= set(called)
+    assert not dropping, "\n".join(dropping)
 
 
 def test_the_pool_holds_a_connection_for_each_request_thread_and_more(

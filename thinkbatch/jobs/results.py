@@ -247,6 +247,10 @@ def stream(engine: sa.Engine, select: sa.Select[Any], batch: int = 1000) -> Iter
             cursor.execute(_UNBOUNDED)
             for values in cursor.stream(str(compiled), params, size=_chunk(batch)):
                 yield ResultRow(*values)
+        # Ended by a commit, which for these reads is what a rollback is, but a rollback drops
+        # the connection's prepared statements (psycopg), those of the polls that take this
+        # pooled connection next (tests/unit/test_plan_reuse.py).
+        driver.commit()
 
 
 _UNBOUNDED = (

@@ -104,8 +104,13 @@ class JobService:
         self.sessions = make_sessionmaker(engine)
         self.planner = Refresher(settings)
         # The same pool, each statement its own transaction: a poll's reads then cost no BEGIN
-        # and no ROLLBACK round trip, only their own.
+        # and no ROLLBACK round trip, only their own. Every read below goes through it, as
+        # connections or as sessions: psycopg drops all of a connection's prepared statements
+        # when a transaction on it rolls back, and a read in a transaction ends so; the next
+        # status call on that pooled connection was then prepared and planned anew, each of
+        # its first five executions planned for its values (tests/unit/test_plan_reuse.py).
         self.reads = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self.read_sessions = make_sessionmaker(self.reads)
         # Who serves which model, for polls: at most half a heartbeat old, and never older than
         # a second (fleet.LiveWorkers).
         self.live = LiveWorkers(
@@ -377,21 +382,21 @@ class JobService:
             job = session.get(Job, job_id, populate_existing=True)
             assert job is not None
             return job
-        with self.sessions() as fresh:
+        with self.read_sessions() as fresh:
             job = fresh.get(Job, job_id)
             assert job is not None
             return job
 
     def waiting_for(self, job: Job) -> list[str]:
         """The models the job's pending items wait for (read.waiting_for)."""
-        with self.engine.connect() as conn:
+        with self.reads.connect() as conn:
             live = live_workers(conn, dead_after_s=self.settings.worker_dead_after_s)
             return read.waiting_for(conn, job, live)
 
     def models_view(self) -> list[ModelLoad]:
         """Every served name with its live workers and the fleet's pending and running items
         on it (the dashboard's table of models; all tenants' work, counts only)."""
-        with self.engine.connect() as conn:
+        with self.reads.connect() as conn:
             fleet = Fleet.read(conn, self.settings)
             work = work_by_model(conn)
         names = fleet.names() + sorted({m for m, _ in work} - set(fleet.names()))
@@ -409,13 +414,13 @@ class JobService:
 
     def fleet(self) -> Fleet:
         """What the fleet is configured for and serves now (thinkbatch/jobs/fleet.py)."""
-        with self.engine.connect() as conn:
+        with self.reads.connect() as conn:
             return Fleet.read(conn, self.settings)
 
     # --- read ----------------------------------------------------------------------------------
 
     def get(self, caller: Caller, job_id: uuid.UUID) -> Job:
-        with self.sessions() as session:
+        with self.read_sessions() as session:
             return read.get_job(session, caller, job_id)
 
     def status(
@@ -443,14 +448,14 @@ class JobService:
         limit: int,
         batches_only: bool = False,
     ) -> tuple[list[Job], bool]:
-        with self.sessions() as session:
+        with self.read_sessions() as session:
             return read.list_jobs(
                 session, caller, after=after, limit=limit, batches_only=batches_only
             )
 
     def page(self, caller: Caller, *, after: uuid.UUID | None, limit: int) -> JobPage:
         jobs, more = self.list_jobs(caller, after=after, limit=limit)
-        with self.engine.connect() as conn:
+        with self.reads.connect() as conn:
             live = self.live.get(conn)
             waiting = [read.waiting_for(conn, job, live) for job in jobs]
         return read.job_page(jobs, more, waiting)
@@ -485,15 +490,23 @@ class JobService:
         *,
         status: ItemStatus | None = None,
         include_thinking: bool = True,
+        conn: sa.Connection | None = None,
     ) -> Iterator[bytes]:
         """Every item record as JSON lines, in submission order. The job's ownership is checked
-        here, before the first line (NotFound otherwise)."""
-        self.get(caller, job_id)
+        here, before the first line (NotFound otherwise), as a status call reads the job: on
+        `conn`, a connection of `reads` the caller holds (else one is taken), by the prepared
+        statement. An ORM read in a transaction of its own was planned anew every time: the
+        transaction's rollback drops the connection's prepared statements (psycopg)."""
+        if conn is None:
+            with self.reads.connect() as own:
+                read.job_record(own, caller, job_id)
+        else:
+            read.job_record(conn, caller, job_id)
         rows = results.of_job(self.engine, job_id, status=status, include_thinking=include_thinking)
         return read.jsonl(rows)
 
     def finished_times(self, caller: Caller, job_id: uuid.UUID) -> list[datetime]:
-        with self.sessions() as session:
+        with self.read_sessions() as session:
             read.get_job(session, caller, job_id)
             return read.finished_times(session, job_id)
 

@@ -193,7 +193,7 @@ def create_batch(
     settings = jobs.settings
     seconds = window_seconds(spec.completion_window, settings)
     digest = digest_of(spec.model_dump_json().encode())
-    with jobs.sessions() as session:
+    with jobs.read_sessions() as session:
         try:
             upload = files.get_file(session, caller, files.parse_file_id(spec.input_file_id))
         except FileNotFound:
@@ -404,7 +404,7 @@ def open_file(jobs: JobService, caller: Caller, key: uuid.UUID) -> tuple[int, It
     """A file's size and content: an upload's chunks, or a batch's rendered lines (whose size
     was measured when they were made). The file's ownership is checked here, before the first
     byte (FileNotFound otherwise)."""
-    with jobs.sessions() as session:
+    with jobs.read_sessions() as session:
         found = files.get_file(session, caller, key)
         job = session.get(Job, found.job_id) if found.job_id else None
         kind, size = found.kind, found.bytes

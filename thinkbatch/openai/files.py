@@ -184,6 +184,9 @@ def iter_chunks(engine: sa.Engine, key: uuid.UUID) -> Iterator[bytes]:
         )
         for (data,) in rows:
             yield bytes(data)
+        # A commit ends these reads as a rollback would, and keeps the pooled connection's
+        # prepared statements, which a rollback drops (psycopg; thinkbatch/jobs/service.py).
+        conn.commit()
 
 
 BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark, which some Windows tools write first
