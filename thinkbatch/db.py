@@ -183,6 +183,17 @@ def make_sessionmaker(engine: sa.Engine) -> orm.sessionmaker[orm.Session]:
     return orm.sessionmaker(engine, expire_on_commit=False)
 
 
+def reads(engine: sa.Engine) -> sa.Engine:
+    """The engine's pool for reads: each statement its own transaction, so that no read ends
+    in a rollback. psycopg drops every prepared statement of a connection when a transaction
+    on it rolls back, and Postgres then plans the statements that run many times a second (a
+    poll's, a worker's claims and stores) for each execution again until they are prepared
+    anew and a generic plan is chosen: about ten executions on each pooled connection
+    (tests/unit/test_plan_reuse.py). A read that needs one snapshot for several statements
+    takes a transaction and ends it with a commit."""
+    return engine.execution_options(isolation_level="AUTOCOMMIT")
+
+
 def is_transient(error: BaseException) -> bool:
     """Errors worth retrying: a lost connection, a restart, a deadlock, a serialization failure."""
     if isinstance(error, exc.DBAPIError):

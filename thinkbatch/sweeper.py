@@ -21,6 +21,7 @@ from dataclasses import field
 import sqlalchemy as sa
 
 from thinkbatch import ledger
+from thinkbatch.db import reads
 from thinkbatch.jobs.fleet import live_workers
 from thinkbatch.openai import batches
 from thinkbatch.settings import Settings
@@ -82,7 +83,7 @@ def _release_dead(engine: sa.Engine, settings: Settings, report: SweepReport) ->
     for name in report.dead_workers:
         log.warning("worker %s stopped heartbeating; releasing its items", name)
 
-    with engine.connect() as conn:
+    with reads(engine).connect() as conn:
         owners = ledger.owners_to_release(conn)
     for owner, dead in owners:
         with engine.begin() as conn:
@@ -104,7 +105,7 @@ def _sweep(
     publish: Callable[[uuid.UUID], bool],
     report: SweepReport,
 ) -> None:
-    with engine.connect() as conn:
+    with reads(engine).connect() as conn:
         expired = (
             conn.execute(
                 sa.text(
@@ -130,7 +131,7 @@ def _sweep(
     if report.files_expired:
         log.info("removed %d expired file(s)", report.files_expired)
 
-    with engine.connect() as conn:
+    with reads(engine).connect() as conn:
         live = live_workers(conn, dead_after_s=settings.worker_dead_after_s)
         stale = ledger.stale_jobs(conn, stale_s=settings.hint_stale_s, models=sorted(live))
     for job_id in stale:

@@ -32,6 +32,7 @@ from sqlalchemy import orm
 
 from thinkbatch import ledger
 from thinkbatch.db import make_sessionmaker
+from thinkbatch.db import reads as db_reads
 from thinkbatch.errors import Conflict
 from thinkbatch.errors import InputError
 from thinkbatch.errors import NotFound
@@ -104,12 +105,10 @@ class JobService:
         self.sessions = make_sessionmaker(engine)
         self.planner = Refresher(settings)
         # The same pool, each statement its own transaction: a poll's reads then cost no BEGIN
-        # and no ROLLBACK round trip, only their own. Every read below goes through it, as
-        # connections or as sessions: psycopg drops all of a connection's prepared statements
-        # when a transaction on it rolls back, and a read in a transaction ends so; the next
-        # status call on that pooled connection was then prepared and planned anew, each of
-        # its first five executions planned for its values (tests/unit/test_plan_reuse.py).
-        self.reads = engine.execution_options(isolation_level="AUTOCOMMIT")
+        # and no ROLLBACK round trip, only their own, and no read ends in a rollback, which
+        # would drop the connection's prepared statements (thinkbatch.db.reads). Every read
+        # below goes through it, as connections or as sessions.
+        self.reads = db_reads(engine)
         self.read_sessions = make_sessionmaker(self.reads)
         # Who serves which model, for polls: at most half a heartbeat old, and never older than
         # a second (fleet.LiveWorkers).

@@ -29,6 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy import orm
 
 from thinkbatch import ledger
+from thinkbatch.db import reads
 from thinkbatch.errors import BatchNotFound
 from thinkbatch.errors import Conflict
 from thinkbatch.errors import FileNotFound
@@ -350,7 +351,7 @@ DUE_FILES_PER_CALL = 20
 
 def make_due_files(engine: sa.Engine, limit: int = DUE_FILES_PER_CALL) -> int:
     """Make the output files of finished batches that have none yet; returns how many."""
-    with engine.connect() as conn:
+    with reads(engine).connect() as conn:
         due = list(
             conn.execute(
                 sa.select(Job.id)

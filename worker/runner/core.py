@@ -29,6 +29,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from thinkbatch import ledger
+from thinkbatch.db import reads
 from thinkbatch.db import retry_transient
 from thinkbatch.ledger import ModelFilter
 from thinkbatch.models import JobStatus
@@ -304,7 +305,7 @@ class Runner:
         return {"job_id": str(job_id), "done": state.done if state else 0, "pending": pending}
 
     def _attach(self, job_id: uuid.UUID) -> JobHandle | None:
-        with self.db.connect() as conn:
+        with reads(self.db).connect() as conn:
             row = ledger.job_to_drive(conn, job_id)
         if row is None or row.status not in ledger.RUNNABLE:
             return None
@@ -350,13 +351,13 @@ class Runner:
             return True
 
         def read() -> bool:
-            with self.db.connect() as conn:
+            with reads(self.db).connect() as conn:
                 return ledger.has_pending(conn, handle.job_id, handle.models)
 
         return retry_transient(read, should_stop=self._dead.is_set)
 
     def _job_state(self, job_id: uuid.UUID) -> ledger.JobState | None:
-        with self.db.connect() as conn:
+        with reads(self.db).connect() as conn:
             return ledger.job_state(conn, job_id)
 
     def _heartbeat_job(self, job_id: uuid.UUID) -> ledger.JobState | None:

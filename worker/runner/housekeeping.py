@@ -16,6 +16,7 @@ from collections.abc import Callable
 import sqlalchemy as sa
 
 from thinkbatch import ledger
+from thinkbatch.db import reads
 from thinkbatch.openai import batches
 from thinkbatch.settings import Settings
 from thinkbatch.sweeper import sweep
@@ -126,7 +127,7 @@ class Housekeeper:
         now = time.monotonic()
         self._adopted = {j: at for j, at in self._adopted.items() if now - at < ADOPT_AGAIN_AFTER_S}
         mine = [*self.inflight.job_ids(), *self._adopted]
-        with self.db.connect() as conn:
+        with reads(self.db).connect() as conn:
             job_id = ledger.job_to_adopt(conn, models=self.settings.served_names, exclude=mine)
         if job_id is not None and self.publish_here(job_id):
             log.info("idle: taking a share of job %s", job_id)
