@@ -1,9 +1,10 @@
 """The API's own CPU per read, in-process (`python -m bench.poll_cpu`): the Flask app over
 embedded PostgreSQL and Redis, called through Flask's test client, so that no HTTP server or
-client enters the figures. A status call of a queued job (authentication, the failed-auth
+client enters the figures. A status call of a job underway (authentication, the failed-auth
 limiter, the job read, the live workers while the job has pending items, serialization, access
-log, logged as the API logs, and metrics) and an items page of 100 finished items; `make
-bench-scale` times the same calls over HTTP.
+log, logged as the API logs, and metrics) and an items page of 100 finished items, each with
+the Postgres CPU it cost (the embedded cluster's, psutil); `make bench-scale` times the same
+calls over HTTP.
 """
 
 from __future__ import annotations
@@ -15,7 +16,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import sqlalchemy as sa
+
 from api import create_app
+from bench.cpu import cpu_snapshot
+from bench.cpu import cpu_used
 from bench.scale import fill_results
 from devstack import local_stack
 from thinkbatch import logging_setup
@@ -42,35 +47,60 @@ def main() -> int:
         items = [{"custom_id": f"r{k}", "prompt": f"question {k}"} for k in range(args.items)]
         created = client.post("/v1/jobs", json={"items": items})
         assert created.status_code == 201 and created.json is not None, created.text
-        status = f"/v1/jobs/{created.json['id']}"  # queued: it has pending items, no worker
+        status = f"/v1/jobs/{created.json['id']}"
         done = client.post("/v1/jobs", json={"items": items})
         assert done.status_code == 201 and done.json is not None, done.text
         fill_results(settings.require_database_url(), done.json["id"])
+        underway(settings.require_database_url(), created.json["id"])
         page = f"/v1/jobs/{done.json['id']}/items?limit=100"
         figures = {}
         for name, path, calls in (("status", status, args.calls), ("page", page, args.calls // 4)):
             for _ in range(100):  # warm: statement caches, the pool, the stats cache
                 client.get(path)
-            rounds = []
+            rounds, postgres = [], []
             for _ in range(args.rounds):
+                before = cpu_snapshot("poll")
                 cpu = time.process_time()
                 for _ in range(calls):
                     assert client.get(path).status_code == 200
                 rounds.append((time.process_time() - cpu) * 1000 / calls)
-            figures[name] = (rounds, calls)
+                postgres.append(cpu_used(before, "poll").get("postgres", 0.0) * 1000 / calls)
+            figures[name] = (rounds, postgres, calls)
         services = app.extensions["thinkbatch"]  # closed before the servers stop
         services.engine.dispose()
         services.celery.close()
     for name, what in (
-        ("status", f"status call of a queued {args.items}-item job"),
+        ("status", f"status call of a {args.items}-item job underway"),
         ("page", "items page of 100 finished items"),
     ):
-        rounds, calls = figures[name]
+        rounds, postgres, calls = figures[name]
         print(
             f"{what}, in-process: {statistics.median(rounds):.3f} ms of CPU per call (median of "
-            f"{args.rounds} rounds of {calls}: {' '.join(f'{r:.3f}' for r in rounds)})"
+            f"{args.rounds} rounds of {calls}: {' '.join(f'{r:.3f}' for r in rounds)}); "
+            f"Postgres {statistics.median(postgres):.3f} ms "
+            f"({' '.join(f'{r:.3f}' for r in postgres)})"
         )
     return 0
+
+
+def underway(database_url: str, job_id: str) -> None:
+    """The job as a worker leaves it partway: a tenth of its items stored, one in a hundred
+    running, the rest pending; then the tables vacuumed and their statistics taken, so that
+    autovacuum does not run during the rounds. A poll's statement is costed from those
+    statistics (tests/unit/test_plan_reuse.py)."""
+    engine = sa.create_engine(database_url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(
+                sa.text(
+                    "UPDATE items SET status = CASE WHEN seq % 100 = 0 THEN 'running' "
+                    "WHEN seq % 10 = 1 THEN 'succeeded' ELSE status END WHERE job_id = :j"
+                ),
+                {"j": job_id},
+            )
+            conn.execute(sa.text("VACUUM ANALYZE"))
+    finally:
+        engine.dispose()
 
 
 if __name__ == "__main__":
