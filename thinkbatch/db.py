@@ -138,7 +138,9 @@ def ping(dbapi_connection: Any) -> None:
     """One round trip; raises if the connection is dead."""
     dbapi_connection.execute("SELECT 1").close()
     if dbapi_connection.info.transaction_status != 0:  # not in autocommit: leave it idle
-        dbapi_connection.rollback()
+        # By a commit, which for this read is what a rollback is: a rollback drops every
+        # prepared statement of the connection (psycopg; `reads` below).
+        dbapi_connection.commit()
 
 
 def _check_on_checkout(engine: sa.Engine, idle_s: float) -> None:

@@ -18,6 +18,7 @@ from celery.utils.nodenames import worker_direct
 
 from thinkbatch import ledger
 from thinkbatch.db import make_engine
+from thinkbatch.db import reads
 from thinkbatch.queue import model_queue
 from thinkbatch.queue import publish_job
 from thinkbatch.settings import Settings
@@ -57,7 +58,7 @@ def load_engine(sender: Any = None, **_: Any) -> None:
 
         def publish(job_id: uuid.UUID) -> bool:
             """Hints for a job on the queues of its models (a slice handed on, a lost hint)."""
-            with db.connect() as conn:
+            with reads(db).connect() as conn:
                 models = ledger.job_models(conn, job_id)
             return all(publish_job(celery, job_id, queue=model_queue(settings, m)) for m in models)
 

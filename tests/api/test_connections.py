@@ -23,6 +23,7 @@ from psycopg.pq import TransactionStatus
 from sqlalchemy import event
 from sqlalchemy.pool import QueuePool
 
+from api.auth import KEY_COOKIE
 from api.services import services
 
 IDLE = TransactionStatus.IDLE
@@ -123,9 +124,12 @@ def test_no_read_ends_in_a_rollback_that_drops_the_pools_prepared_statements(
         if dbapi_connection.info.transaction_status != IDLE:
             dropping.append(f"{path[0]} (given back in a transaction)")
 
+    answered: list[int] = []
+
     def call(method: str, url: str, **kwargs: Any) -> Any:
         path[0] = f"{method} {url}"
         response = client.open(url, method=method, **kwargs)
+        answered.append(response.status_code)
         assert response.status_code < 500, (url, response.text)
         response.get_data()  # a streamed body runs to its end here
         return response.json if response.is_json else None
@@ -133,6 +137,8 @@ def test_no_read_ends_in_a_rollback_that_drops_the_pools_prepared_statements(
     items = [{"custom_id": f"c{k}", "prompt": f"question {k}"} for k in range(5)]
     job_id, file_id, batch_id = _a_job_a_file_and_a_batch(call, items)
     ids = {"job_id": job_id, "file_id": file_id, "batch_id": batch_id}
+    # The dashboard's pages read with the key its login left in a cookie.
+    client.set_cookie(KEY_COOKIE, client.environ_base["HTTP_AUTHORIZATION"].split()[1])
     event.listen(engine, "rollback", rollback)
     event.listen(engine.pool, "reset", reset)
     called = []
@@ -141,11 +147,18 @@ def test_no_read_ends_in_a_rollback_that_drops_the_pools_prepared_statements(
             if "GET" not in (rule.methods or ()) or {"filename", "name"} & set(rule.arguments):
                 continue  # static assets: no database
             called.append(rule.rule)
-            call("GET", rule.rule.replace("<", "{").replace(">", "}").format(**ids))
+            url = rule.rule.replace("<", "{").replace(">", "}").format(**ids)
+            call("GET", url)
+            assert answered[-1] == 200, (url, answered[-1])  # it read what it serves
     finally:
         event.remove(engine, "rollback", rollback)
         event.remove(engine.pool, "reset", reset)
-    assert {"/v1/jobs/<job_id>/results", "/v1/files/<file_id>/content", "/readyz"} <= set(called)
+    assert {
+        "/v1/jobs/<job_id>/results",
+        "/v1/files/<file_id>/content",
+        "/readyz",
+        "/jobs/<job_id>",
+    } <= set(called)
     assert not dropping, "\n".join(dropping)
 
 

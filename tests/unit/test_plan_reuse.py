@@ -117,8 +117,10 @@ def test_no_read_of_the_job_service_drops_the_polls_prepared_statements(
     """psycopg drops every prepared statement of a connection when a transaction on it rolls
     back, and Postgres then plans the next five executions of each for their values. Every read
     the API serves shares the pool with the status calls: none may end in a rollback. A pool
-    of one connection: the status call's statement is prepared once and lives through them all."""
+    of one connection, tested by a round trip at every checkout (thinkbatch.db.ping): the
+    status call's statement is prepared once and lives through them all."""
     job_id = _running_job(db, settings)
+    settings = settings.model_copy(update={"db_ping_after_idle_s": 0})
     engine = make_engine(settings, pool_size=1, max_overflow=0)
     service = JobService(settings, engine, celery=None)
     caller = Caller(TENANT, None)

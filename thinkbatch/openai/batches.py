@@ -372,7 +372,7 @@ def make_files(engine: sa.Engine, job_id: uuid.UUID) -> bool:
     """Make a finished batch's output file (and, if any item did not succeed, its error file),
     once. The lines are rendered to size the files before the job's row is locked (the
     ledger's insert_outputs); only one process stores them."""
-    with orm.Session(engine) as session:
+    with orm.Session(reads(engine)) as session:
         job = session.get(Job, job_id)
         if job is None or job.output_file_id is not None or job.endpoint is None:
             return False

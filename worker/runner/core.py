@@ -16,6 +16,7 @@ for cancel and expiry, and returns once its items are settled.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import secrets
@@ -305,7 +306,7 @@ class Runner:
         return {"job_id": str(job_id), "done": state.done if state else 0, "pending": pending}
 
     def _attach(self, job_id: uuid.UUID) -> JobHandle | None:
-        with reads(self.db).connect() as conn:
+        with self._reads.connect() as conn:
             row = ledger.job_to_drive(conn, job_id)
         if row is None or row.status not in ledger.RUNNABLE:
             return None
@@ -351,13 +352,18 @@ class Runner:
             return True
 
         def read() -> bool:
-            with reads(self.db).connect() as conn:
+            with self._reads.connect() as conn:
                 return ledger.has_pending(conn, handle.job_id, handle.models)
 
         return retry_transient(read, should_stop=self._dead.is_set)
 
+    @functools.cached_property
+    def _reads(self) -> sa.Engine:
+        """The pool for reads: none ends in a rollback (thinkbatch.db.reads)."""
+        return reads(self.db)
+
     def _job_state(self, job_id: uuid.UUID) -> ledger.JobState | None:
-        with reads(self.db).connect() as conn:
+        with self._reads.connect() as conn:
             return ledger.job_state(conn, job_id)
 
     def _heartbeat_job(self, job_id: uuid.UUID) -> ledger.JobState | None:

@@ -6,6 +6,7 @@ hand-off."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -72,6 +73,11 @@ class Housekeeper:
         self.closed = closed or threading.Event()
         self._adopted: dict[uuid.UUID, float] = {}  # job -> when we sent ourselves a hint
 
+    @functools.cached_property
+    def _reads(self) -> sa.Engine:
+        """The pool for reads: none ends in a rollback (thinkbatch.db.reads)."""
+        return reads(self.db)
+
     def run(self) -> None:
         yield_cpu()
         next_sweep = time.monotonic() + self.settings.sweep_interval_s * 0.5
@@ -127,7 +133,7 @@ class Housekeeper:
         now = time.monotonic()
         self._adopted = {j: at for j, at in self._adopted.items() if now - at < ADOPT_AGAIN_AFTER_S}
         mine = [*self.inflight.job_ids(), *self._adopted]
-        with reads(self.db).connect() as conn:
+        with self._reads.connect() as conn:
             job_id = ledger.job_to_adopt(conn, models=self.settings.served_names, exclude=mine)
         if job_id is not None and self.publish_here(job_id):
             log.info("idle: taking a share of job %s", job_id)
