@@ -22,6 +22,7 @@ from api import create_app
 from bench.cpu import cpu_snapshot
 from bench.cpu import cpu_used
 from bench.scale import fill_results
+from bench.scale import settle
 from devstack import local_stack
 from thinkbatch import logging_setup
 from thinkbatch.keys import issue_key
@@ -88,9 +89,9 @@ def underway(database_url: str, job_id: str) -> None:
     running, the rest pending; then the tables vacuumed and their statistics taken, so that
     autovacuum does not run during the rounds. A poll's statement is costed from those
     statistics (tests/unit/test_plan_reuse.py)."""
-    engine = sa.create_engine(database_url, isolation_level="AUTOCOMMIT")
+    engine = sa.create_engine(database_url)
     try:
-        with engine.connect() as conn:
+        with engine.begin() as conn:
             conn.execute(
                 sa.text(
                     "UPDATE items SET status = CASE WHEN seq % 100 = 0 THEN 'running' "
@@ -98,9 +99,9 @@ def underway(database_url: str, job_id: str) -> None:
                 ),
                 {"j": job_id},
             )
-            conn.execute(sa.text("VACUUM ANALYZE"))
     finally:
         engine.dispose()
+    settle(database_url)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,11 @@ import json
 import os
 import sys
 import time
+import traceback
 import uuid
 from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -21,6 +24,8 @@ from typing import Any
 import sqlalchemy as sa
 from flask import Flask
 from flask.testing import FlaskClient
+from psycopg.pq import TransactionStatus
+from sqlalchemy import event
 from sqlalchemy import orm
 
 from devstack.audit import lost_and_duplicated  # noqa: F401 - the tiers import it from here
@@ -31,6 +36,9 @@ from thinkbatch.models import Job
 from thinkbatch.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+IDLE = TransactionStatus.IDLE
 
 
 def load_script(name: str) -> ModuleType:
@@ -78,6 +86,37 @@ def recreate_database(admin_url: str, name: str) -> str:
         conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
     engine.dispose()
     return _with_database(admin_url, name)
+
+
+@contextmanager
+def rollbacks_that_drop_prepared_statements(
+    engine: sa.Engine, where: Callable[[], str | None]
+) -> Iterator[list[str]]:
+    """The rollbacks, while the block runs, of a transaction that had begun on one of the
+    engine's connections: psycopg drops every prepared statement of a connection that rolls
+    one back (thinkbatch.db.reads). Both kinds are caught: a Connection's own rollback, and the
+    pool's when a connection is given back in a transaction. `where()` names the caller of
+    each, or None for one not to count."""
+    dropping: list[str] = []
+
+    def rollback(conn: sa.Connection) -> None:
+        dbapi = conn.connection.dbapi_connection
+        label = where()
+        if label is not None and dbapi is not None and dbapi.info.transaction_status != IDLE:
+            dropping.append(f"{label}: {''.join(traceback.format_stack(limit=12))}")
+
+    def reset(dbapi_connection: Any, *_: Any) -> None:
+        label = where()
+        if label is not None and dbapi_connection.info.transaction_status != IDLE:
+            dropping.append(f"{label}: given back in a transaction")
+
+    event.listen(engine, "rollback", rollback)
+    event.listen(engine.pool, "reset", reset)
+    try:
+        yield dropping
+    finally:
+        event.remove(engine, "rollback", rollback)
+        event.remove(engine.pool, "reset", reset)
 
 
 def make_settings(database_url: str, redis_url: str, **overrides: object) -> Settings:

@@ -19,14 +19,12 @@ from typing import Any
 import sqlalchemy as sa
 from flask import Flask
 from flask.testing import FlaskClient
-from psycopg.pq import TransactionStatus
 from sqlalchemy import event
 from sqlalchemy.pool import QueuePool
 
 from api.auth import KEY_COOKIE
 from api.services import services
-
-IDLE = TransactionStatus.IDLE
+from tests.helpers import rollbacks_that_drop_prepared_statements
 
 
 class Held:
@@ -113,17 +111,7 @@ def test_no_read_ends_in_a_rollback_that_drops_the_pools_prepared_statements(
     on that connection, some 300 us each: tests/unit/test_plan_reuse.py). Every GET route
     shares the pool with the status calls; none may roll back a transaction it opened."""
     engine = services_engine(app)
-    dropping: list[str] = []
     path = [""]
-
-    def rollback(conn: sa.Connection) -> None:
-        if conn.connection.dbapi_connection.info.transaction_status != IDLE:  # type: ignore[union-attr]
-            dropping.append(f"{path[0]}: {''.join(traceback.format_stack(limit=12))}")
-
-    def reset(dbapi_connection: Any, *_: Any) -> None:  # the pool's, when it is given back
-        if dbapi_connection.info.transaction_status != IDLE:
-            dropping.append(f"{path[0]} (given back in a transaction)")
-
     answered: list[int] = []
 
     def call(method: str, url: str, **kwargs: Any) -> Any:
@@ -139,10 +127,8 @@ def test_no_read_ends_in_a_rollback_that_drops_the_pools_prepared_statements(
     ids = {"job_id": job_id, "file_id": file_id, "batch_id": batch_id}
     # The dashboard's pages read with the key its login left in a cookie.
     client.set_cookie(KEY_COOKIE, client.environ_base["HTTP_AUTHORIZATION"].split()[1])
-    event.listen(engine, "rollback", rollback)
-    event.listen(engine.pool, "reset", reset)
     called = []
-    try:
+    with rollbacks_that_drop_prepared_statements(engine, lambda: path[0]) as dropping:
         for rule in app.url_map.iter_rules():
             if "GET" not in (rule.methods or ()) or {"filename", "name"} & set(rule.arguments):
                 continue  # static assets: no database
@@ -150,9 +136,6 @@ def test_no_read_ends_in_a_rollback_that_drops_the_pools_prepared_statements(
             url = rule.rule.replace("<", "{").replace(">", "}").format(**ids)
             call("GET", url)
             assert answered[-1] == 200, (url, answered[-1])  # it read what it serves
-    finally:
-        event.remove(engine, "rollback", rollback)
-        event.remove(engine.pool, "reset", reset)
     assert {
         "/v1/jobs/<job_id>/results",
         "/v1/files/<file_id>/content",

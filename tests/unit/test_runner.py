@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import threading
 import time
-import traceback
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from psycopg.pq import TransactionStatus
-from sqlalchemy import event
 
 from tests.helpers import check_invariants
+from tests.helpers import rollbacks_that_drop_prepared_statements
 from tests.helpers import seed_job
 from tests.helpers import submit_job
 from tests.helpers import wait_until
@@ -497,30 +495,17 @@ def test_no_read_of_a_worker_drops_its_connections_prepared_statements(harness: 
     back, and the claims and stores that connection served are then planned again for each
     execution until prepared anew (thinkbatch.db.reads). Nothing a worker does while it runs a
     job, and sweeps meanwhile, rolls back a transaction it opened."""
-    dropping: list[str] = []
     main = threading.main_thread()
 
-    def rollback(conn: sa.Connection) -> None:
-        dbapi = conn.connection.dbapi_connection
-        if threading.current_thread() is not main and dbapi is not None:
-            if dbapi.info.transaction_status != TransactionStatus.IDLE:
-                dropping.append("".join(traceback.format_stack(limit=12)))
+    def worker_thread() -> str | None:  # the test's own reads, on the main thread, do not count
+        current = threading.current_thread()
+        return None if current is main else current.name
 
-    def reset(dbapi_connection: Any, *_: Any) -> None:  # the pool's, when it is given back
-        if threading.current_thread() is not main:
-            if dbapi_connection.info.transaction_status != TransactionStatus.IDLE:
-                dropping.append(f"given back in a transaction: {threading.current_thread().name}")
-
-    event.listen(harness.db, "rollback", rollback)
-    event.listen(harness.db.pool, "reset", reset)
-    try:
+    with rollbacks_that_drop_prepared_statements(harness.db, worker_thread) as dropping:
         # Sweeps every half second, so that the housekeeper's passes fall within the job.
         runner = harness.runner(sweep_interval_s=0.5)
         job_id = seed_job(harness.db, harness.settings, n=400)
         thread, _ = harness.drive(runner, job_id)
         thread.join(60)
         assert wait_status(harness.db, job_id, {"completed"}).succeeded == 400
-    finally:
-        event.remove(harness.db, "rollback", rollback)
-        event.remove(harness.db.pool, "reset", reset)
     assert not dropping, "\n".join(dropping)
