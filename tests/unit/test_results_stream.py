@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 from tests.helpers import seed_job
 from thinkbatch.jobs import results
+from thinkbatch.models import ItemStatus
 from thinkbatch.settings import Settings
 
 N = 2_500  # more rows than two chunks of the stream
@@ -113,3 +114,28 @@ def test_a_libpq_without_chunked_mode_streams_row_by_row(
     monkeypatch.setattr(results.psycopg.pq, "version", lambda: 160_000)
     assert results._chunk(1000) == 1
     assert [r.seq for r in results.stream(engine, results.query(job_id))] == list(range(N))
+
+
+def test_one_compiled_statement_serves_each_job_its_own_rows(
+    db: sa.Engine, settings: Settings, engine: sa.Engine
+) -> None:
+    """A download's statement is compiled once per shape and bound to each job: the second
+    job's download reads its own rows through the first job's compiled text, of the status
+    asked for."""
+    first = seed_job(db, settings, n=3)
+    second = seed_job(db, settings, n=5)
+    with db.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE items SET status = 'failed' WHERE job_id = :j AND seq = 4"),
+            {"j": second},
+        )
+    for job_id, n in ((first, 3), (second, 5), (first, 3)):
+        rows = list(results.of_job(engine, job_id))
+        assert [r.custom_id for r in rows] == [f"i{k}" for k in range(n)]
+    failed = list(results.of_job(engine, second, status=ItemStatus.failed))
+    assert [(r.custom_id, r.status) for r in failed] == [("i4", "failed")]
+    assert list(results.of_job(engine, first, status=ItemStatus.failed)) == []
+    others = list(results.of_job(engine, second, succeeded=False, include_thinking=False))
+    assert [r.custom_id for r in others] == [f"i{k}" for k in range(5)]
+    shapes = results.download_statement.cache_info()
+    assert shapes.hits >= 1  # the first job's plain download was served by the compiled text
