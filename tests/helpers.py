@@ -119,6 +119,36 @@ def rollbacks_that_drop_prepared_statements(
         event.remove(engine.pool, "reset", reset)
 
 
+def a_job_a_file_and_a_batch(
+    call: Callable[..., Any], items: list[dict[str, str]]
+) -> tuple[str, str, str]:
+    """Through `call(method, path, **kwargs)` (answering the JSON): a job of `items`, a batch
+    input file of three lines and a batch made of it."""
+    job_id = call("POST", "/v1/jobs", json={"items": items})["id"]
+    lines = b"\n".join(
+        b'{"custom_id": "b%d", "method": "POST", "url": "/v1/chat/completions", '
+        b'"body": {"model": "thinkbatch-demo", "messages": [{"role": "user", "content": "hi"}]}}'
+        % k
+        for k in range(3)
+    )
+    form = {"purpose": "batch", "file": (io.BytesIO(lines), "b.jsonl")}
+    file_id = call("POST", "/v1/files", data=form)["id"]
+    created = {"input_file_id": file_id, "endpoint": "/v1/chat/completions"}
+    batch_id = call("POST", "/v1/batches", json={**created, "completion_window": "24h"})["id"]
+    return job_id, file_id, batch_id
+
+
+def get_routes(app: Flask, ids: dict[str, str]) -> list[tuple[str, str]]:
+    """Every GET route of the app that reads the database, as (rule, URL) with its ids filled
+    in from `ids` (job_id, file_id, batch_id); the static assets are left out."""
+    routes = []
+    for rule in app.url_map.iter_rules():
+        if "GET" not in (rule.methods or ()) or {"filename", "name"} & set(rule.arguments):
+            continue
+        routes.append((rule.rule, rule.rule.replace("<", "{").replace(">", "}").format(**ids)))
+    return routes
+
+
 def make_settings(database_url: str, redis_url: str, **overrides: object) -> Settings:
     values: dict[str, object] = {
         "database_url": database_url,

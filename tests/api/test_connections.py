@@ -9,7 +9,6 @@ runs. The API's pool has a connection for each request thread and more for a bat
 
 from __future__ import annotations
 
-import io
 import threading
 import traceback
 from collections import Counter
@@ -24,6 +23,8 @@ from sqlalchemy.pool import QueuePool
 
 from api.auth import KEY_COOKIE
 from api.services import services
+from tests.helpers import a_job_a_file_and_a_batch
+from tests.helpers import get_routes
 from tests.helpers import rollbacks_that_drop_prepared_statements
 
 
@@ -64,7 +65,7 @@ def test_no_route_holds_two_connections(app: Flask, client: FlaskClient) -> None
         most[f"{method} {path}"] = held.most
         return response.json
 
-    job_id, file_id, batch_id = _a_job_a_file_and_a_batch(call, items)
+    job_id, file_id, batch_id = a_job_a_file_and_a_batch(call, items)
     for method, path in (
         ("GET", f"/v1/jobs/{job_id}"),
         ("GET", f"/v1/jobs/{job_id}/items"),
@@ -84,23 +85,6 @@ def test_no_route_holds_two_connections(app: Flask, client: FlaskClient) -> None
     assert most.pop("POST /v1/batches") == 2
     assert set(most.values()) == {1}, f"{most}\n{held.where}"
     assert sum(held.now.values()) == 0  # every one given back
-
-
-def _a_job_a_file_and_a_batch(
-    call: Callable[..., Any], items: list[dict[str, str]]
-) -> tuple[str, str, str]:
-    job_id = call("POST", "/v1/jobs", json={"items": items})["id"]
-    lines = b"\n".join(
-        b'{"custom_id": "b%d", "method": "POST", "url": "/v1/chat/completions", '
-        b'"body": {"model": "thinkbatch-demo", "messages": [{"role": "user", "content": "hi"}]}}'
-        % k
-        for k in range(3)
-    )
-    form = {"purpose": "batch", "file": (io.BytesIO(lines), "b.jsonl")}
-    file_id = call("POST", "/v1/files", data=form)["id"]
-    created = {"input_file_id": file_id, "endpoint": "/v1/chat/completions"}
-    batch_id = call("POST", "/v1/batches", json={**created, "completion_window": "24h"})["id"]
-    return job_id, file_id, batch_id
 
 
 def test_no_read_ends_in_a_rollback_that_drops_the_pools_prepared_statements(
@@ -123,17 +107,14 @@ def test_no_read_ends_in_a_rollback_that_drops_the_pools_prepared_statements(
         return response.json if response.is_json else None
 
     items = [{"custom_id": f"c{k}", "prompt": f"question {k}"} for k in range(5)]
-    job_id, file_id, batch_id = _a_job_a_file_and_a_batch(call, items)
+    job_id, file_id, batch_id = a_job_a_file_and_a_batch(call, items)
     ids = {"job_id": job_id, "file_id": file_id, "batch_id": batch_id}
     # The dashboard's pages read with the key its login left in a cookie.
     client.set_cookie(KEY_COOKIE, client.environ_base["HTTP_AUTHORIZATION"].split()[1])
     called = []
     with rollbacks_that_drop_prepared_statements(engine, lambda: path[0]) as dropping:
-        for rule in app.url_map.iter_rules():
-            if "GET" not in (rule.methods or ()) or {"filename", "name"} & set(rule.arguments):
-                continue  # static assets: no database
-            called.append(rule.rule)
-            url = rule.rule.replace("<", "{").replace(">", "}").format(**ids)
+        for rule, url in get_routes(app, ids):
+            called.append(rule)
             call("GET", url)
             assert answered[-1] == 200, (url, answered[-1])  # it read what it serves
     assert {
