@@ -13,6 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from gunicorn.glogging import Logger
+
 from thinkbatch.settings import get_settings
 
 _settings = get_settings()
@@ -56,6 +58,19 @@ keepalive = 5
 # One JSON access line per request comes from the app (api/access_log.py, with the request
 # id); gunicorn's own lines (start, worker exits) go through the same formatter.
 accesslog = None
+
+
+class AppLogsAccess(Logger):  # type: ignore[misc]  # gunicorn is untyped
+    """gunicorn's logger without its access line. With a `logconfig_dict` (below) gunicorn
+    counts its access log as enabled, whatever `accesslog` says, and builds each request's
+    line (a dict of every header and environ entry, the time formatted) before the WARNING
+    level of `gunicorn.access` drops it, on every request."""
+
+    def _compute_access_log_enabled(self) -> bool:
+        return False
+
+
+logger_class = AppLogsAccess
 logconfig_dict = {
     "version": 1,
     "disable_existing_loggers": False,

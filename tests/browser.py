@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import itertools
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -35,7 +38,15 @@ class Browser:
              f"--remote-debugging-port={self.port}", "--remote-debugging-address=127.0.0.1",
              f"--user-data-dir={self.profile}", "--window-size=1280,900", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its renderers and zygotes end with it (_stop)
         )  # fmt: skip
+        try:
+            self._connect()
+        except BaseException:
+            self._stop()
+            raise
+
+    def _connect(self) -> None:
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -114,9 +125,20 @@ class Browser:
             self.loop.run_until_complete(self.ws.close())
         finally:
             self.loop.close()
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-            shutil.rmtree(self.profile, ignore_errors=True)
+            self._stop()
+
+    def _stop(self) -> None:
+        # The process is always reaped: a Popen dropped while its child runs is a
+        # ResourceWarning, which fails the test that made it. Chromium on a busy host may take
+        # longer than the grace to exit; it is then killed, with its process group, and waited.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        with contextlib.suppress(ProcessLookupError):  # a renderer that outlived the browser
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        shutil.rmtree(self.profile, ignore_errors=True)
