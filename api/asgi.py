@@ -22,4 +22,7 @@ logging_setup.configure(_settings, "api")
 # The casts bridge two spellings of the same callables: a2wsgi's own WSGI and ASGI types, and
 # Flask's and ours (api.intake), which are looser.
 _flask: Any = create_app(_settings)
-app = Intake(cast(Any, BatchedWSGIMiddleware(_flask, workers=_settings.api_threads)), _settings)
+_bridge = BatchedWSGIMiddleware(
+    _flask, workers=_settings.api_threads, spool_max_bytes=_settings.response_spool_max_bytes
+)
+app = Intake(cast(Any, _bridge), _settings)

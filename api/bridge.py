@@ -14,8 +14,18 @@ travels back. The app's thread collects the messages; a response that ends withi
 (every JSON answer) goes back in one piece when the thread returns, with no round trip at all.
 A longer one (a results download) is flushed in batches of FLUSH_BYTES to a sender task on the
 loop, without waiting for them to be written, so the thread goes on producing while the loop
-writes; it waits only when more than UNSENT_BYTES_MAX are still unwritten, so a client that
-reads slowly holds back its own download and never fills the process's memory.
+writes.
+
+The app's thread never waits for a slow client. Up to UNSENT_BYTES_MAX of a response may wait
+in memory for its client; what the thread makes beyond that goes to a temporary file of the
+response's own (its spool), which the sender sends on, in order, as the client takes it. A
+client that reads slowly, or stops reading, then holds a socket, a coroutine and disk, never
+one of the API_THREADS that serve everyone else, nor the download's database connection: the
+thread is busy only as long as Postgres takes to make the rows. The spools of one process hold
+at most RESPONSE_SPOOL_MAX_BYTES (`SpoolBudget`); past it, a thread waits for its client as
+with no spool, until other spools drain. A client that takes none of a response's bytes for
+RESPONSE_WRITE_TIMEOUT_S is dropped by the kernel (TCP_USER_TIMEOUT on the API's listening
+sockets, api/gunicorn.conf.py), which ends its request and frees its spool.
 
 A client that goes away mid-download ends the request one of two ways: a write to it fails, or
 (gunicorn over HTTP/1, whose writes to a closed connection do nothing) the server cancels the
@@ -28,8 +38,12 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import os
+import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import IO
 from typing import Any
 from typing import cast
 
@@ -46,8 +60,38 @@ from a2wsgi.wsgi_typing import WSGIApp
 
 # A response's messages go to the loop in batches of about this many body bytes.
 FLUSH_BYTES = 64 * 1024
-# The app's thread waits while this many bytes it produced are not yet written to the client.
+# At most this many bytes of a response wait in memory for its client; more go to its spool.
 UNSENT_BYTES_MAX = 1024 * 1024
+
+
+class SpoolBudget:
+    """The bytes of one process's response spools not yet sent to their clients, held within
+    `limit`: a response's thread takes room before it spills a batch, its sender gives the
+    room back as the client takes the bytes, and the request's end gives back the rest."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self.lock = threading.Lock()
+
+    def try_take(self, size: int) -> bool:
+        with self.lock:
+            if self.held + size > self.limit:
+                return False
+            self.held += size
+            return True
+
+    def give_back(self, size: int) -> None:
+        with self.lock:
+            self.held -= size
+
+
+@dataclass(frozen=True, slots=True)
+class _Spooled:
+    """A run of a response's body bytes in its spool, in the sender's queue in its place."""
+
+    start: int
+    size: int
 
 
 class ClientGone(OSError):
@@ -57,19 +101,31 @@ class ClientGone(OSError):
 class Responder(WSGIResponder):
     """One request: the app runs on the pool, its response comes back in batches."""
 
-    def __init__(self, app: WSGIApp, executor: ThreadPoolExecutor, send_queue_size: int) -> None:
+    def __init__(
+        self,
+        app: WSGIApp,
+        executor: ThreadPoolExecutor,
+        send_queue_size: int,
+        budget: SpoolBudget | None = None,
+    ) -> None:
         super().__init__(app, executor, send_queue_size)
-        self.batches: asyncio.Queue[list[SendEvent] | None] = asyncio.Queue()
+        self.batches: asyncio.Queue[list[SendEvent] | _Spooled | None] = asyncio.Queue()
         self.pending: list[SendEvent] = []
         self.pending_bytes = 0
-        self.unsent = 0
+        # Guards what the app's thread and the loop share: the counts, the failure, the spool.
         self.room = threading.Condition()
+        self.unsent = 0  # bytes of batches in memory, handed to the loop and not yet sent
         # Why the app's thread must stop: what the sender met writing to the client, or the
         # request's end (cancelled by the server) while the thread still runs.
         self.failed: BaseException | None = None
         self.ended = False  # the request is over: batches the thread still hands over go nowhere
         self.sender_task: asyncio.Task[None] | None = None
         self.client_send: Send | None = None
+        self.budget = budget if budget is not None else SpoolBudget(0)
+        self.spool: IO[bytes] | None = None  # made at the first batch that does not fit
+        self.spool_end = 0  # bytes written to the spool
+        self.spooled = 0  # of them, not yet sent: room this response holds in the budget
+        self.spool_failed = False
 
     async def __call__(self, scope: HTTPScope, receive: Receive, send: Send) -> None:
         self.client_send = send
@@ -95,17 +151,24 @@ class Responder(WSGIResponder):
         finally:
             # However the request ends (a client gone, the server's cancel, an error), a thread
             # still producing stops at its next batch, also one waiting for room, and nothing
-            # it hands over later starts a sender.
+            # it hands over later starts a sender. The spool goes, under the lock the thread
+            # writes it under, and its room with it.
             with self.room:
                 self.ended = True
                 if self.failed is None:
                     self.failed = ClientGone("the request ended before its response")
                 self.room.notify_all()
+                if self.spool is not None:
+                    self.spool.close()
+                    self.spool = None
+                self.budget.give_back(self.spooled)
+                self.spooled = 0
             if self.sender_task is not None and not self.sender_task.done():
                 self.sender_task.cancel()
 
     def send(self, message: SendEvent | None) -> None:
-        """In the app's thread: keep the message; hand a full batch to the loop."""
+        """In the app's thread: keep the message; hand a full batch to the loop, in memory
+        while little of the response is unsent, else through the spool."""
         assert message is not None  # a2wsgi sends None only from the loop, to end the sender
         self.pending.append(message)
         self.pending_bytes += _body_size(message)
@@ -114,14 +177,44 @@ class Responder(WSGIResponder):
         batch, size = self.pending, self.pending_bytes
         self.pending, self.pending_bytes = [], 0
         with self.room:
-            while self.unsent > UNSENT_BYTES_MAX and self.failed is None:
-                self.room.wait()
             if self.failed is not None:
                 raise ClientGone("the client went away during the response")
+            if self.unsent and self.unsent + size > UNSENT_BYTES_MAX:
+                spooled = self._spill(batch, size)
+                if spooled is not None:
+                    self.loop.call_soon_threadsafe(self._deliver, spooled)
+                    return
+                # No room in the process's spools (or no spool): wait for this client.
+                while self.unsent > UNSENT_BYTES_MAX and self.failed is None:
+                    self.room.wait()
+                if self.failed is not None:
+                    raise ClientGone("the client went away during the response")
             self.unsent += size
         self.loop.call_soon_threadsafe(self._deliver, batch)
 
-    def _deliver(self, batch: list[SendEvent]) -> None:
+    def _spill(self, batch: list[SendEvent], size: int) -> _Spooled | None:
+        """Under `room`: the batch's bytes written to the spool, or None where they cannot be."""
+        if self.spool_failed or not all(_is_body_part(m) for m in batch):
+            return None
+        if not self.budget.try_take(size):
+            return None
+        try:
+            if self.spool is None:
+                self.spool = tempfile.TemporaryFile(prefix="thinkbatch-response-")  # noqa: SIM115
+            data = b"".join(cast(dict[str, Any], m)["body"] for m in batch)
+            os.pwrite(self.spool.fileno(), data, self.spool_end)
+        except OSError:
+            # A full or failing temporary directory: this response waits for its client, as
+            # with no spool, rather than fail part-way.
+            self.budget.give_back(size)
+            self.spool_failed = True
+            return None
+        run = _Spooled(self.spool_end, size)
+        self.spool_end += size
+        self.spooled += size
+        return run
+
+    def _deliver(self, batch: list[SendEvent] | _Spooled) -> None:
         """On the loop: queue a batch, starting the sender on the first."""
         if self.ended:
             return
@@ -133,6 +226,9 @@ class Responder(WSGIResponder):
     async def sender(self, send: Send) -> None:
         try:
             while (batch := await self.batches.get()) is not None:
+                if isinstance(batch, _Spooled):
+                    await self._send_spooled(send, batch)
+                    continue
                 for message in batch:
                     await send(message)
                 with self.room:
@@ -144,16 +240,40 @@ class Responder(WSGIResponder):
                 self.room.notify_all()
             raise
 
+    async def _send_spooled(self, send: Send, run: _Spooled) -> None:
+        offset, end = run.start, run.start + run.size
+        while offset < end:
+            with self.room:  # the request's end closes the spool under this lock
+                if self.spool is None:
+                    raise ClientGone("the request ended before its response")
+                data = os.pread(self.spool.fileno(), min(FLUSH_BYTES, end - offset), offset)
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+            offset += len(data)
+            with self.room:
+                self.spooled -= len(data)
+                self.budget.give_back(len(data))
+
 
 def _body_size(message: SendEvent) -> int:
     return len(cast(dict[str, Any], message).get("body", b""))
 
 
+def _is_body_part(message: SendEvent) -> bool:
+    fields = cast(dict[str, Any], message)
+    return fields["type"] == "http.response.body" and bool(fields.get("more_body"))
+
+
 class BatchedWSGIMiddleware(WSGIMiddleware):
-    """a2wsgi's middleware with `Responder` for HTTP requests."""
+    """a2wsgi's middleware with `Responder` for HTTP requests, their spools within
+    `spool_max_bytes` for the process."""
+
+    def __init__(self, app: WSGIApp, workers: int = 10, spool_max_bytes: int = 0) -> None:
+        super().__init__(app, workers=workers)
+        self.budget = SpoolBudget(spool_max_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            await Responder(self.app, self.executor, self.send_queue_size)(scope, receive, send)
+            responder = Responder(self.app, self.executor, self.send_queue_size, self.budget)
+            await responder(scope, receive, send)
             return
         await super().__call__(scope, receive, send)

@@ -20,6 +20,8 @@ BOUNDS = (
     "max_uploads_per_client",
     "api_max_connections",
     "spool_memory_bytes",
+    "response_spool_max_bytes",
+    "response_write_timeout_s",
     "max_json_depth",
     "max_items_per_job",
     "max_prompt_chars",

@@ -357,6 +357,20 @@ class Settings(BaseSettings):
         description="A request body is received in full before it is served: in memory up to "
         "this size, in a temporary file beyond.",
     )
+    response_spool_max_bytes: int = Field(
+        1024**3,
+        ge=0,
+        description="Bytes of responses (a results download) one API process may hold in "
+        "temporary files for clients that read them slower than they are made, so that no "
+        "request thread waits for a slow client; past it, a response waits for its client.",
+    )
+    response_write_timeout_s: float = Field(
+        60,
+        gt=0,
+        description="Longest a client may leave a response's bytes unacknowledged, or take "
+        "none of them, before its connection is dropped (TCP_USER_TIMEOUT on the API's TCP "
+        "sockets).",
+    )
 
     # --- security and quotas ---------------------------------------------------------------
     auth_required: bool = Field(

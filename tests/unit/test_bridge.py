@@ -1,7 +1,9 @@
 """The WSGI bridge (api/bridge.py): a response goes back in order and whole; a small one in one
-piece, with no sender task; a long one in batches, never more than a bounded amount of it
-produced ahead of what the client took; a client that goes away stops the app's iterator (its
-`close()` runs) and frees the app's thread; an app's error reaches the server."""
+piece, with no sender task; a long one in batches, the app's thread running ahead of a slow
+client into the response's spool and never waiting for it while the process's spools have
+room, and never more than a bounded amount in memory; with no room, never far ahead of the
+client; a client that goes away stops the app's iterator (its `close()` runs), frees the app's
+thread and gives back its spool; an app's error reaches the server."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from api.bridge import FLUSH_BYTES
 from api.bridge import UNSENT_BYTES_MAX
 from api.bridge import BatchedWSGIMiddleware
 from api.bridge import Responder
+from api.bridge import SpoolBudget
 
 SCOPE: dict[str, Any] = {
     "type": "http",
@@ -38,12 +41,14 @@ async def _receive() -> dict[str, Any]:
     return {"type": "http.request", "body": b"", "more_body": False}
 
 
-def _serve(app: Any, send: Any, executor: ThreadPoolExecutor) -> Responder:
+def _serve(
+    app: Any, send: Any, executor: ThreadPoolExecutor, budget: SpoolBudget | None = None
+) -> Responder:
     """One request through a Responder on a fresh loop; the responder, for its state. Within
     a deadline: a request that never ends fails the test instead of hanging it."""
 
     async def run() -> Responder:
-        responder = Responder(app, executor, 10)
+        responder = Responder(app, executor, 10, budget)
         await asyncio.wait_for(responder(SCOPE, _receive, send), 30)  # type: ignore[arg-type]
         return responder
 
@@ -105,7 +110,122 @@ def test_a_small_response_comes_back_whole_in_one_piece() -> None:
     assert got[-1] == {"type": "http.response.body", "body": b""}  # the end, last
 
 
+def _numbered(chunks: int, chunk: int, made: list[int] | None = None) -> Any:
+    """An app whose body is `chunks` pieces of `chunk` bytes, each ending in its number;
+    `made` counts the bytes it has produced."""
+
+    def app(environ: dict[str, Any], start_response: Any) -> Iterator[bytes]:
+        start_response("200 OK", [("Content-Type", "application/x-ndjson")])
+        for k in range(chunks):
+            if made is not None:
+                made[0] += chunk
+            yield b"x" * (chunk - 8) + b"%08d" % k
+
+    return app
+
+
+def _in_order(data: bytes, chunks: int, chunk: int) -> bool:
+    numbers = [int(data[k * chunk - 8 : k * chunk]) for k in range(1, chunks + 1)]
+    return len(data) == chunks * chunk and numbers == list(range(chunks))
+
+
+def test_a_long_response_to_a_stalled_client_is_made_in_full_into_its_spool() -> None:
+    """The client takes nothing until the app has made all of its 6.5 MB: the app's thread
+    never waited for it, at most UNSENT_BYTES_MAX and a batch of it stayed in memory, the rest
+    went to the spool; then the client gets every byte in order, and the spool and its room
+    are given back."""
+    chunks, chunk = 400, 16_384
+    made = [0]
+    app_done = threading.Event()
+    body: list[bytes] = []
+    most_unsent = [0]
+    budget = SpoolBudget(64 * 1024 * 1024)
+
+    def app(environ: dict[str, Any], start_response: Any) -> Iterator[bytes]:
+        yield from _numbered(chunks, chunk, made)(environ, start_response)
+        app_done.set()
+
+    async def run(executor: ThreadPoolExecutor) -> Responder:
+        responder = Responder(app, executor, 10, budget)
+        client_reads = asyncio.Event()
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body":
+                most_unsent[0] = max(most_unsent[0], responder.unsent)
+                await client_reads.wait()
+                body.append(message["body"])
+
+        task = asyncio.ensure_future(responder(SCOPE, _receive, send))  # type: ignore[arg-type]
+        for _ in range(500):
+            if app_done.is_set():
+                break
+            await asyncio.sleep(0.01)
+        assert app_done.is_set(), "the app's thread waited for a client that took nothing"
+        assert body == []
+        assert responder.spooled > 0 and budget.held == responder.spooled
+        client_reads.set()
+        await asyncio.wait_for(task, 30)
+        return responder
+
+    with ThreadPoolExecutor(1) as executor:
+        responder = asyncio.run(run(executor))
+    assert _in_order(b"".join(body), chunks, chunk)
+    assert most_unsent[0] <= UNSENT_BYTES_MAX + FLUSH_BYTES  # memory: bounded, the rest spooled
+    assert responder.spool is None and responder.spooled == 0 and budget.held == 0
+
+
+def test_past_the_spool_budget_a_response_waits_for_its_client() -> None:
+    """The process's spools may hold 2 MiB: a 6.5 MB response to a slow client runs at most
+    that, what is in memory and a batch ahead of it, and still arrives whole."""
+    chunks, chunk = 400, 16_384
+    made = [0]
+    delivered = [0]
+    ahead: list[int] = []
+    body: list[bytes] = []
+    budget = SpoolBudget(2 * 1024 * 1024)
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            ahead.append(made[0] - delivered[0])
+            await asyncio.sleep(0.0005)  # a client reading slowly
+            body.append(message["body"])
+            delivered[0] += len(message["body"])
+
+    with ThreadPoolExecutor(1) as executor:
+        responder = _serve(_numbered(chunks, chunk, made), send, executor, budget)
+    assert _in_order(b"".join(body), chunks, chunk)
+    assert max(ahead) <= UNSENT_BYTES_MAX + budget.limit + 3 * FLUSH_BYTES
+    assert max(ahead) > UNSENT_BYTES_MAX + FLUSH_BYTES  # the spool was used
+    assert responder.spooled == 0 and budget.held == 0
+
+
+def test_a_spool_that_cannot_be_written_leaves_the_response_waiting_for_its_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A full temporary directory: the response is not cut short, it waits for its client."""
+    chunks, chunk = 200, 16_384
+
+    def full(*_: Any) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("api.bridge.os.pwrite", full)
+    body: list[bytes] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            await asyncio.sleep(0.0005)
+            body.append(message["body"])
+
+    budget = SpoolBudget(64 * 1024 * 1024)
+    with ThreadPoolExecutor(1) as executor:
+        responder = _serve(_numbered(chunks, chunk), send, executor, budget)
+    assert _in_order(b"".join(body), chunks, chunk)
+    assert responder.spool_failed and budget.held == 0
+
+
 def test_a_long_response_is_never_far_ahead_of_a_slow_client() -> None:
+    """With no spool room at all (RESPONSE_SPOOL_MAX_BYTES 0), as ever: the app's thread
+    waits for the client once UNSENT_BYTES_MAX of its response is unsent."""
     chunk = b"x" * 16_384
     chunks = 400  # 6.5 MB: many times what may be unsent
     produced = [0]
@@ -178,9 +298,11 @@ def test_a_request_the_server_cancels_stops_the_app_and_frees_its_thread(writes:
             await never.wait()
         await asyncio.sleep(0)
 
+    budget = SpoolBudget(4 * 1024 * 1024)  # the stuck client's spool fills, then the app waits
+
     async def run(executor: ThreadPoolExecutor) -> bool:
         app = _endless(closed, yielded, start_s=0.6 if writes == "late" else 0)
-        responder = Responder(app, executor, 10)
+        responder = Responder(app, executor, 10, budget)
         task = asyncio.ensure_future(responder(SCOPE, _receive, send))  # type: ignore[arg-type]
         await asyncio.sleep(0.3)
         task.cancel()
@@ -199,6 +321,7 @@ def test_a_request_the_server_cancels_stops_the_app_and_frees_its_thread(writes:
         stopped_at = yielded[0]
         assert _served_after(executor) == b"ok"  # the app's only thread is free
         assert yielded[0] == stopped_at
+    assert budget.held == 0  # its spool, if it had one, was given back
 
 
 def test_an_app_error_reaches_the_server() -> None:
