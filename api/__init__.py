@@ -34,7 +34,7 @@ def create_app(settings: Settings) -> Flask:
     # it holds its first: a batch's create, which reads its input file while its items are
     # copied in (tests/api/test_connections.py). Every thread holding its first, a second is
     # still there for one of them, which ends and gives both back.
-    threads = max(settings.api_threads, settings.db_pool_size)
+    threads = max(settings.api_threads + settings.api_bulk_threads, settings.db_pool_size)
     engine = make_engine(settings, pool_size=threads, max_overflow=settings.db_pool_size)
     celery = make_celery(settings)
     front_door = JobService(settings, engine, celery)

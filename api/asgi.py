@@ -1,9 +1,10 @@
 """gunicorn entry point: `gunicorn -c api/gunicorn.conf.py api.asgi:app`.
 
 The server is gunicorn's asyncio worker: request bodies are received by its event loop
-(api.intake), and only complete requests reach the Flask app, which a2wsgi runs on a pool of
-API_THREADS threads, its responses handed back in batches (api.bridge); asgiref's bridge would
-run every request on one thread.
+(api.intake), and only complete requests reach the Flask app, which a2wsgi runs on
+two pools of threads (API_THREADS for quick requests, API_BULK_THREADS for bulk ones:
+api.lanes), its responses handed back in batches (api.bridge); asgiref's bridge would run
+every request on one thread.
 """
 
 from typing import Any
@@ -23,6 +24,9 @@ logging_setup.configure(_settings, "api")
 # Flask's and ours (api.intake), which are looser.
 _flask: Any = create_app(_settings)
 _bridge = BatchedWSGIMiddleware(
-    _flask, workers=_settings.api_threads, spool_max_bytes=_settings.response_spool_max_bytes
+    _flask,
+    workers=_settings.api_threads,
+    bulk_workers=_settings.api_bulk_threads,
+    spool_max_bytes=_settings.response_spool_max_bytes,
 )
 app = Intake(cast(Any, _bridge), _settings)

@@ -20,7 +20,7 @@ The app's thread never waits for a slow client. Up to UNSENT_BYTES_MAX of a resp
 in memory for its client; what the thread makes beyond that goes to a temporary file of the
 response's own (its spool), which the sender sends on, in order, as the client takes it. A
 client that reads slowly, or stops reading, then holds a socket, a coroutine and disk, never
-one of the API_THREADS that serve everyone else, nor the download's database connection: the
+one of the threads that serve everyone else, nor the download's database connection: the
 thread is busy only as long as Postgres takes to make the rows. The spools of one process hold
 at most RESPONSE_SPOOL_MAX_BYTES (`SpoolBudget`); past it, a thread waits for its client as
 with no spool, until other spools drain. A client that takes none of a response's bytes for
@@ -57,6 +57,8 @@ from a2wsgi.wsgi import WSGIMiddleware
 from a2wsgi.wsgi import WSGIResponder
 from a2wsgi.wsgi import build_environ
 from a2wsgi.wsgi_typing import WSGIApp
+
+from api.lanes import is_bulk
 
 # A response's messages go to the loop in batches of about this many body bytes.
 FLUSH_BYTES = 64 * 1024
@@ -108,8 +110,16 @@ class Responder(WSGIResponder):
         send_queue_size: int,
         budget: SpoolBudget | None = None,
     ) -> None:
-        super().__init__(app, executor, send_queue_size)
-        self.batches: asyncio.Queue[list[SendEvent] | _Spooled | None] = asyncio.Queue()
+        # a2wsgi's own __init__ would make a queue this responder never uses: of what it sets,
+        # its start_response and wsgi need these. A queue costs as much as a status call's
+        # own routing, so the batches' queue is made only for a response that has batches.
+        self.app = app
+        self.executor = executor
+        self.loop = asyncio.get_running_loop()
+        self.response_started = False
+        self.exc_info: Any = None
+        del send_queue_size  # a2wsgi's, for its queue
+        self.batches: asyncio.Queue[list[SendEvent] | _Spooled | None] | None = None
         self.pending: list[SendEvent] = []
         self.pending_bytes = 0
         # Guards what the app's thread and the loop share: the counts, the failure, the spool.
@@ -142,6 +152,7 @@ class Responder(WSGIResponder):
                 for message in self.pending:
                     await send(message)
             else:
+                assert self.batches is not None  # made with the sender
                 if self.failed is None:
                     self.batches.put_nowait(self.pending)
                 self.batches.put_nowait(None)
@@ -218,14 +229,17 @@ class Responder(WSGIResponder):
         """On the loop: queue a batch, starting the sender on the first."""
         if self.ended:
             return
-        self.batches.put_nowait(batch)
-        if self.sender_task is None:
+        if self.batches is None:
             assert self.client_send is not None
-            self.sender_task = self.loop.create_task(self.sender(self.client_send))
+            self.batches = asyncio.Queue()
+            self.sender_task = self.loop.create_task(self.sender(self.batches, self.client_send))
+        self.batches.put_nowait(batch)
 
-    async def sender(self, send: Send) -> None:
+    async def sender(  # type: ignore[override]  # a2wsgi's takes only `send`
+        self, batches: asyncio.Queue[list[SendEvent] | _Spooled | None], send: Send
+    ) -> None:
         try:
-            while (batch := await self.batches.get()) is not None:
+            while (batch := await batches.get()) is not None:
                 if isinstance(batch, _Spooled):
                     await self._send_spooled(send, batch)
                     continue
@@ -264,16 +278,25 @@ def _is_body_part(message: SendEvent) -> bool:
 
 
 class BatchedWSGIMiddleware(WSGIMiddleware):
-    """a2wsgi's middleware with `Responder` for HTTP requests, their spools within
-    `spool_max_bytes` for the process."""
+    """a2wsgi's middleware with `Responder` for HTTP requests: a quick request on one of
+    `workers` threads, a bulk one (api/lanes.py) on one of `bulk_workers` (0: the same pool),
+    their spools within `spool_max_bytes` for the process."""
 
-    def __init__(self, app: WSGIApp, workers: int = 10, spool_max_bytes: int = 0) -> None:
+    def __init__(
+        self, app: WSGIApp, workers: int = 10, bulk_workers: int = 0, spool_max_bytes: int = 0
+    ) -> None:
         super().__init__(app, workers=workers)
+        self.bulk_executor = (
+            ThreadPoolExecutor(thread_name_prefix="WSGI-bulk", max_workers=bulk_workers)
+            if bulk_workers
+            else self.executor
+        )
         self.budget = SpoolBudget(spool_max_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            responder = Responder(self.app, self.executor, self.send_queue_size, self.budget)
+            executor = self.bulk_executor if is_bulk(scope) else self.executor
+            responder = Responder(self.app, executor, self.send_queue_size, self.budget)
             await responder(scope, receive, send)
             return
         await super().__call__(scope, receive, send)

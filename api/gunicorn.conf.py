@@ -4,7 +4,7 @@
 gunicorn's asyncio worker, not its thread or sync workers: with a thread per request, a client
 that sends its body slowly holds that thread for as long as it trickles, and a few dozen such
 clients took every thread of the API. Here bodies are received by the event loop (api/intake.py)
-and only complete requests reach the app's API_THREADS threads (api/asgi.py).
+and only complete requests reach the app's threads (api/asgi.py).
 """
 
 import os

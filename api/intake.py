@@ -4,7 +4,7 @@ The API runs on gunicorn's asyncio (ASGI) worker. This middleware sits in front 
 (run in a thread pool by a2wsgi) and reads every request body off the network into a spool
 (memory up to SPOOL_MEMORY_BYTES, a temporary file beyond) before the request is handed to a
 thread. A client that sends its body slowly, or not at all, therefore costs a socket and a
-coroutine, not one of the API_THREADS that serve everyone else: `/healthz` and a small submit are
+coroutine, not one of the threads that serve everyone else: `/healthz` and a small submit are
 answered at once however many uploads trickle in.
 
 Every framing (Content-Length or chunked) gets the same deadline, one that only the bytes a

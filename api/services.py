@@ -41,8 +41,8 @@ def reads_request_connection(view: F) -> F:
     """Mark a view that reads through `request_connection()` alone, the one the
     authentication took. Any other view gets it back before it runs (init_app): a view that
     took a connection of its own while the request held this one would hold two of the pool's
-    connections at once, and API_THREADS requests doing so would wait on each other for a
-    pool that has fewer than twice as many, until the pool's timeout."""
+    connections at once, and as many requests as there are threads doing so would wait on each
+    other for a pool that has fewer than twice as many, until the pool's timeout."""
     # A marker on the view function itself, read back before the view runs.
     view._thinkbatch_request_connection = True  # type: ignore[attr-defined]  # noqa: SLF001
     return view

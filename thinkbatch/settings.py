@@ -321,11 +321,20 @@ class Settings(BaseSettings):
     # --- API server (gunicorn, see api/gunicorn.conf.py) -------------------------------------
     api_workers: int = Field(2, ge=1, description="API worker processes (gunicorn).")
     api_threads: int = Field(
-        16,
+        4,
         ge=1,
-        description="Threads per API process that serve requests. A request reaches a thread "
-        "only once its body has arrived in full (received by the event loop before), so a "
-        "client still sending holds none.",
+        description="Threads per API process that serve the quick requests (status calls, "
+        "pages, listings, health): every request but the bulk ones. A request reaches a thread "
+        "only once its body has arrived in full, and no thread waits for a slow reader, so a "
+        "client still sending or reading holds none.",
+    )
+    api_bulk_threads: int = Field(
+        4,
+        ge=1,
+        description="Threads per API process that serve the bulk requests, whose work grows "
+        "with a job or a file: results downloads, file contents, batch creates and requests "
+        "with a body over 256 KiB (a large submit, an upload). The quick requests never wait "
+        "for these threads.",
     )
     api_max_connections: int = Field(
         1000,
@@ -487,8 +496,8 @@ class Settings(BaseSettings):
         5,
         ge=1,
         description="SQLAlchemy pool size per process, and as many more at a peak. An API "
-        "process pools API_THREADS at least (a connection for each request thread), and this "
-        "many more at a peak.",
+        "process pools API_THREADS + API_BULK_THREADS at least (a connection for each request "
+        "thread), and this many more at a peak.",
     )
     db_ping_after_idle_s: float = Field(
         1.0,

@@ -2,10 +2,11 @@
 
 The authentication reads the key through the request's connection. A view that then took a
 connection of its own while the request still held that one would need two at once, and
-API_THREADS requests doing so, each holding one and waiting for another, would wait on each
-other until the pool's timeout and answer 500. Views that read through the request's
-connection are marked (`reads_request_connection`); every other view gets it back before it
-runs. The API's pool has a connection for each request thread and more for a batch's create."""
+as many requests as there are threads doing so, each holding one and waiting for another,
+would wait on each other until the pool's timeout and answer 500. Views that read through the
+request's connection are marked (`reads_request_connection`); every other view gets it back
+before it runs. The API's pool has a connection for each request thread and more for a
+batch's create."""
 
 from __future__ import annotations
 
@@ -129,10 +130,10 @@ def test_no_read_ends_in_a_rollback_that_drops_the_pools_prepared_statements(
 def test_the_pool_holds_a_connection_for_each_request_thread_and_more(
     make_app: Callable[..., Flask],
 ) -> None:
-    engine = services_engine(make_app(api_threads=7, db_pool_size=3))
+    engine = services_engine(make_app(api_threads=7, api_bulk_threads=2, db_pool_size=3))
     pool = engine.pool
     assert isinstance(pool, QueuePool)
-    assert pool.size() == 7 and pool._max_overflow == 3
+    assert pool.size() == 7 + 2 and pool._max_overflow == 3
 
 
 def services_engine(app: Flask) -> sa.Engine:

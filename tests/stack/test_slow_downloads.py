@@ -25,7 +25,7 @@ from tests.stacks import running_stack
 
 pytestmark = pytest.mark.slow  # real processes: left out of make check
 
-THREADS = 2  # API_THREADS of the one API process: a few stalled clients would take them all
+THREADS = 2  # API_BULK_THREADS of the one API process: a few stalled clients would take them all
 WRITE_TIMEOUT_S = 3
 # With thinking, a record is about 870 bytes: a download of about 17 MB, many times what a
 # response may keep in memory (1 MiB) and what the sockets' buffers hold (up to 4 MiB a
@@ -44,7 +44,7 @@ def api(servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         "slow_downloads",
         workers=(),
         THINKBATCH_API_WORKERS="1",
-        THINKBATCH_API_THREADS=str(THREADS),
+        THINKBATCH_API_BULK_THREADS=str(THREADS),
         THINKBATCH_RESPONSE_WRITE_TIMEOUT_S=str(WRITE_TIMEOUT_S),
         TMPDIR=str(spool_dir),
     ) as running:
@@ -57,7 +57,15 @@ def api(servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         assert made.status_code == 201, made.text
         job_id = made.json()["id"]
         fill_results(running.database_url, job_id)
-        yield {"running": running, "key": key, "auth": auth, "job": job_id, "spool": spool_dir}
+        small = httpx.post(
+            f"{running.base_url}/v1/jobs", json={"items": items[:10]}, headers=auth, timeout=60
+        )
+        assert small.status_code == 201, small.text
+        fill_results(running.database_url, small.json()["id"])
+        yield {
+            "running": running, "key": key, "auth": auth, "job": job_id,
+            "small": small.json()["id"], "spool": spool_dir,
+        }  # fmt: skip
 
 
 def _worker(running: RunningStack) -> psutil.Process:
@@ -94,10 +102,13 @@ def _stalled_download(port: int, key: str, job_id: str) -> socket.socket:
     return sock
 
 
-def _served_fast(base: str, auth: dict[str, str], job_id: str) -> None:
-    """/healthz, a status call and an items page on new connections, each within 1 s: a served
+def _served_fast(base: str, auth: dict[str, str], job_id: str, small: str) -> None:
+    """/healthz, a status call, an items page and another job's download (on the bulk lane
+    the stalled ones are on: api/lanes.py), each on a new connection within 1 s: a served
     request takes milliseconds here, a blocked one would wait for a stalled client."""
-    for path in ("/healthz", f"/v1/jobs/{job_id}", f"/v1/jobs/{job_id}/items?limit=100"):
+    paths = ("/healthz", f"/v1/jobs/{job_id}", f"/v1/jobs/{job_id}/items?limit=100",
+             f"/v1/jobs/{small}/results")  # fmt: skip
+    for path in paths:
         start = time.monotonic()
         answer = httpx.get(f"{base}{path}", headers=auth, timeout=1.0)
         assert answer.status_code == 200, (path, answer.text)
@@ -109,13 +120,14 @@ def test_stalled_downloads_hold_no_thread_and_are_dropped(api: dict[str, Any]) -
     assert running.api is not None and running.api.port is not None
     port, base = running.api.port, running.base_url
     worker = _worker(running)
-    _served_fast(base, auth, job_id)  # warm: the process's connections and statements
+    small = api["small"]
+    _served_fast(base, auth, job_id, small)  # warm: the process's connections and statements
     stalled = [_stalled_download(port, key, job_id) for _ in range(3 * THREADS)]
     ports = {s.getsockname()[1] for s in stalled}
     try:
         time.sleep(1.0)  # time enough to make all of them, and to stall on each
         for _ in range(3):
-            _served_fast(base, auth, job_id)
+            _served_fast(base, auth, job_id, small)
         # Each stalled response, made in full, waits in a spool of its own.
         wait_until(
             lambda: _spool_files(worker, api["spool"]) == len(stalled),
@@ -132,7 +144,7 @@ def test_stalled_downloads_hold_no_thread_and_are_dropped(api: dict[str, Any]) -
 
         wait_until(let_go, WRITE_TIMEOUT_S + 15, "the stalled downloads dropped, spools gone")
         assert time.monotonic() - started >= 1.0  # not at once: after the write timeout
-        _served_fast(base, auth, job_id)
+        _served_fast(base, auth, job_id, small)
     finally:
         for sock in stalled:
             sock.close()

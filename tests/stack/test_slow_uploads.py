@@ -150,7 +150,8 @@ def test_stalled_uploads_do_not_block_others(api: RunningStack) -> None:
 def test_fifty_trickling_clients_of_both_framings(servers: Servers, tmp_path: Path) -> None:
     """50 clients, each from its own address, half of them chunked and half declaring a 256 MiB
     Content-Length, all sending a byte now and then: more than the API's threads (2 processes x
-    API_THREADS 16). The API still answers at once, and each is cut off by the rate."""
+    API_THREADS and API_BULK_THREADS, 4 each). The API still answers at once, and each is cut
+    off by the rate."""
     read_timeout = 10  # long enough to measure while all 50 hold their connections
     with _api(servers, tmp_path, THINKBATCH_REQUEST_READ_TIMEOUT_S=str(read_timeout)) as api:
         _trickle_fifty(api, read_timeout)
