@@ -59,10 +59,12 @@ def on_exit(server: Any) -> None:
         shutil.rmtree(_metrics_dir, ignore_errors=True)
 
 
-worker_class = "asgi"
+# gunicorn's asyncio worker, with a bound on connections and on a first request's headers.
+worker_class = "api.server.Worker"
 workers = _settings.api_workers
-# The app's threads are a2wsgi's pool (api/asgi.py); the asyncio worker takes no `threads`.
-# Connections, idle or receiving a body, cost a socket and a coroutine each.
+# The app's threads are a2wsgi's pools (api/asgi.py); the asyncio worker takes no `threads`.
+# Connections, idle or receiving a body, cost a socket and a coroutine each; those over this
+# bound are closed as they come (api/server.py).
 worker_connections = _settings.api_max_connections
 # The event loop answers the arbiter while requests run, so this only catches a wedged
 # process; a long results download is not cut off by it.

@@ -15,6 +15,7 @@ from thinkbatch.settings import Settings
 # the README's security section states each with its default.
 BOUNDS = (
     "max_request_bytes",
+    "request_header_timeout_s",
     "request_read_timeout_s",
     "request_min_bytes_per_s",
     "max_uploads_per_client",

@@ -340,7 +340,14 @@ class Settings(BaseSettings):
         1000,
         ge=1,
         description="Open connections per API process (gunicorn's worker_connections): idle, "
-        "sending a body or being served.",
+        "sending a body or being served. A connection beyond it is closed as it comes.",
+    )
+    request_header_timeout_s: float = Field(
+        30,
+        gt=0,
+        description="Longest a new connection may take to send its first request's line and "
+        "headers before it is closed; a kept-alive connection's next request has gunicorn's "
+        "keep-alive timeout (5 s).",
     )
     request_read_timeout_s: float = Field(
         30,

@@ -18,6 +18,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.helpers import Servers
+from tests.helpers import wait_until
 from tests.stacks import RunningStack
 from tests.stacks import running_stack
 
@@ -274,3 +275,77 @@ def test_a_trickling_file_upload_is_cut_off(api: RunningStack) -> None:
         sock.close()
     with db.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM files")).scalar() == 0
+
+
+def _closed_by_server(sock: socket.socket, timeout: float) -> bool:
+    """Whether the server closes the connection within `timeout` (nothing sent back)."""
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_a_connection_that_never_finishes_its_headers_is_dropped(
+    servers: Servers, tmp_path: Path
+) -> None:
+    """Clients that connect and send nothing, or their first request's headers a byte now and
+    then, hold their connections only for REQUEST_HEADER_TIMEOUT_S; /healthz is answered
+    meanwhile."""
+    header_timeout = 2
+    env = {"THINKBATCH_REQUEST_HEADER_TIMEOUT_S": str(header_timeout)}
+    with _api(servers, tmp_path, **env) as api:
+        port = _port(api)
+        silent = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(5)]
+        partial = []
+        for n in range(5):
+            sock = socket.create_connection(
+                ("127.0.0.1", port), timeout=10, source_address=(f"127.0.3.{n + 1}", 0)
+            )
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            partial.append(sock)
+        try:
+            started = time.monotonic()
+            assert httpx.get(f"{api.base_url}/healthz", timeout=1.0).status_code == 200
+            for sock in partial:  # a header line now and then: not enough
+                sock.sendall(b"X-Slow: 1\r\n")
+            for sock in silent + partial:
+                assert _closed_by_server(sock, header_timeout + 5 - (time.monotonic() - started))
+            assert time.monotonic() - started >= header_timeout - 0.5
+            assert httpx.get(f"{api.base_url}/healthz", timeout=1.0).status_code == 200
+        finally:
+            for sock in silent + partial:
+                sock.close()
+
+
+def test_connections_over_the_bound_are_closed_as_they_come(
+    servers: Servers, tmp_path: Path
+) -> None:
+    """API_MAX_CONNECTIONS holds: the one API process keeps that many connections open and
+    closes any more as soon as it accepts them; once they go, it serves again."""
+    bound = 20
+    env = {"THINKBATCH_API_MAX_CONNECTIONS": str(bound), "THINKBATCH_API_WORKERS": "1"}
+    with _api(servers, tmp_path, **env) as api:
+        port = _port(api)
+        held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(bound)]
+        try:
+            time.sleep(0.5)  # every one of them accepted
+            for sock in held:
+                assert not _closed_by_server(sock, 0.05)  # kept: within the bound
+            extra = socket.create_connection(("127.0.0.1", port), timeout=10)
+            extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert _closed_by_server(extra, 5)  # over it: closed, unanswered
+            extra.close()
+        finally:
+            for sock in held:
+                sock.close()
+        wait_until(lambda: _healthz_ok(api.base_url), 5, "served again once the connections went")
+
+
+def _healthz_ok(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/healthz", timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
