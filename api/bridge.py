@@ -24,8 +24,8 @@ one of the threads that serve everyone else, nor the download's database connect
 thread is busy only as long as Postgres takes to make the rows. The spools of one process hold
 at most RESPONSE_SPOOL_MAX_BYTES (`SpoolBudget`); past it, a thread waits for its client as
 with no spool, until other spools drain. A client that takes none of a response's bytes for
-RESPONSE_WRITE_TIMEOUT_S is dropped by the kernel (TCP_USER_TIMEOUT on the API's listening
-sockets, api/gunicorn.conf.py), which ends its request and frees its spool.
+RESPONSE_WRITE_TIMEOUT_S is dropped by the kernel (TCP_USER_TIMEOUT on each of the API's TCP
+connections, api/server.py), which ends its request and frees its spool.
 
 A client that goes away mid-download ends the request one of two ways: a write to it fails, or
 (gunicorn over HTTP/1, whose writes to a closed connection do nothing) the server cancels the
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import errno
 import os
 import tempfile
 import threading
@@ -136,6 +137,7 @@ class Responder(WSGIResponder):
         self.spool_end = 0  # bytes written to the spool
         self.spooled = 0  # of them, not yet sent: room this response holds in the budget
         self.spool_failed = False
+        self.writing = False  # the app's thread is writing to the spool, outside `room`
 
     async def __call__(self, scope: HTTPScope, receive: Receive, send: Send) -> None:
         self.client_send = send
@@ -162,18 +164,15 @@ class Responder(WSGIResponder):
         finally:
             # However the request ends (a client gone, the server's cancel, an error), a thread
             # still producing stops at its next batch, also one waiting for room, and nothing
-            # it hands over later starts a sender. The spool goes, under the lock the thread
-            # writes it under, and its room with it.
+            # it hands over later starts a sender. The spool goes with its room, here or, if
+            # the thread is writing to it right now, by the thread once its write returns.
             with self.room:
                 self.ended = True
                 if self.failed is None:
                     self.failed = ClientGone("the request ended before its response")
                 self.room.notify_all()
-                if self.spool is not None:
-                    self.spool.close()
-                    self.spool = None
-                self.budget.give_back(self.spooled)
-                self.spooled = 0
+                if not self.writing:
+                    self._close_spool()
             if self.sender_task is not None and not self.sender_task.done():
                 self.sender_task.cancel()
 
@@ -190,40 +189,72 @@ class Responder(WSGIResponder):
         with self.room:
             if self.failed is not None:
                 raise ClientGone("the client went away during the response")
-            if self.unsent and self.unsent + size > UNSENT_BYTES_MAX:
-                spooled = self._spill(batch, size)
-                if spooled is not None:
-                    self.loop.call_soon_threadsafe(self._deliver, spooled)
-                    return
-                # No room in the process's spools (or no spool): wait for this client.
+            in_memory = not self.unsent or self.unsent + size <= UNSENT_BYTES_MAX
+            if in_memory:
+                self.unsent += size
+        if not in_memory:
+            spooled = self._spill(batch, size)
+            if spooled is not None:
+                self.loop.call_soon_threadsafe(self._deliver, spooled)
+                return
+            with self.room:  # no room in the process's spools (or no spool): wait for the client
                 while self.unsent > UNSENT_BYTES_MAX and self.failed is None:
                     self.room.wait()
                 if self.failed is not None:
                     raise ClientGone("the client went away during the response")
-            self.unsent += size
+                self.unsent += size
         self.loop.call_soon_threadsafe(self._deliver, batch)
 
     def _spill(self, batch: list[SendEvent], size: int) -> _Spooled | None:
-        """Under `room`: the batch's bytes written to the spool, or None where they cannot be."""
+        """The batch's bytes appended to the spool, or None where they cannot be. Written
+        outside `room`, which the loop takes after every batch it sends, so that a slow disk
+        holds back this thread and never the loop."""
         if self.spool_failed or not all(_is_body_part(m) for m in batch):
             return None
-        if not self.budget.try_take(size):
-            return None
+        with self.room:
+            if self.failed is not None:
+                raise ClientGone("the client went away during the response")
+            if not self.budget.try_take(size):
+                return None
+            self.writing = True
+            start = self.spool_end
+        written = False
         try:
             if self.spool is None:
                 self.spool = tempfile.TemporaryFile(prefix="thinkbatch-response-")  # noqa: SIM115
-            data = b"".join(cast(dict[str, Any], m)["body"] for m in batch)
-            os.pwrite(self.spool.fileno(), data, self.spool_end)
+            data = memoryview(b"".join(cast(dict[str, Any], m)["body"] for m in batch))
+            done = 0
+            while done < size:  # a full disk writes what fits, then fails
+                step = os.pwrite(self.spool.fileno(), data[done:], start + done)
+                if step <= 0:
+                    raise OSError(errno.ENOSPC, "the spool took no more bytes")
+                done += step
+            written = True
         except OSError:
-            # A full or failing temporary directory: this response waits for its client, as
-            # with no spool, rather than fail part-way.
-            self.budget.give_back(size)
-            self.spool_failed = True
-            return None
-        run = _Spooled(self.spool_end, size)
-        self.spool_end += size
-        self.spooled += size
-        return run
+            pass  # a full or failing temporary directory: see below
+        with self.room:
+            self.writing = False
+            if self.ended:  # the request ended while this thread wrote: the spool is its own
+                self._close_spool()
+                self.budget.give_back(size)
+                raise ClientGone("the request ended before its response")
+            if not written:
+                # This response then waits for its client, as with no spool, rather than fail
+                # part-way; what the write left past the spool's end is never read.
+                self.budget.give_back(size)
+                self.spool_failed = True
+                return None
+            self.spool_end = start + size
+            self.spooled += size
+        return _Spooled(start, size)
+
+    def _close_spool(self) -> None:
+        """Under `room`: the spool closed and its unsent bytes' room given back."""
+        if self.spool is not None:
+            self.spool.close()
+            self.spool = None
+        self.budget.give_back(self.spooled)
+        self.spooled = 0
 
     def _deliver(self, batch: list[SendEvent] | _Spooled) -> None:
         """On the loop: queue a batch, starting the sender on the first."""
@@ -261,6 +292,8 @@ class Responder(WSGIResponder):
                 if self.spool is None:
                     raise ClientGone("the request ended before its response")
                 data = os.pread(self.spool.fileno(), min(FLUSH_BYTES, end - offset), offset)
+            if not data:  # never: only what was written in full is sent
+                raise OSError(errno.EIO, "the response's spool ended before its bytes")
             await send({"type": "http.response.body", "body": data, "more_body": True})
             offset += len(data)
             with self.room:

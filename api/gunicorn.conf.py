@@ -9,7 +9,6 @@ and only complete requests reach the app's threads (api/asgi.py).
 
 import os
 import shutil
-import socket
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -39,19 +38,6 @@ def child_exit(server: Any, worker: Any) -> None:
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
-
-
-def when_ready(server: Any) -> None:
-    """A client that takes none of a response's bytes is dropped by the kernel: accepted
-    sockets inherit TCP_USER_TIMEOUT from the listening one, and it bounds how long sent bytes
-    may stay unacknowledged, a zero window (a client that stopped reading) included. The
-    request then ends as for a client gone, its spool with it (api/bridge.py). Unix sockets
-    have no such timeout; their peer is on the same machine."""
-    timeout_ms = max(1, round(_settings.response_write_timeout_s * 1000))
-    for listener in server.LISTENERS:
-        sock = getattr(listener, "sock", None)
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, timeout_ms)
 
 
 def on_exit(server: Any) -> None:

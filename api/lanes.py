@@ -2,8 +2,9 @@
 the bulk lane (API_BULK_THREADS).
 
 Bulk requests are those whose work grows with a job or a file: a results download and a file's
-contents (made at the database's pace, however fast the client reads: api/bridge.py), a batch's
-create (it validates its whole input file) and any request whose body is large (a submit of
+contents (made at the database's pace, however fast the client reads: api/bridge.py), a job's
+timeline on the dashboard, a batch's create (it validates its whole input file) and any request
+whose body is large (a submit of
 thousands of items, an upload). They take their own threads, so a status call, a page, a
 listing or `/healthz` never waits for a thread behind them, however many run at once; and each
 lane keeps few threads, where one large pool for both made every request dearer: on the
@@ -18,7 +19,9 @@ from typing import Any
 
 # A body larger than this makes its request bulk: a submit of about a thousand plain items.
 BULK_BODY_BYTES = 256 * 1024
-_BULK_READS = ("/results", "/content")  # GET /v1/jobs/{id}/results, /v1/files/{id}/content
+# GET /v1/jobs/{id}/results, /v1/files/{id}/content, and the dashboard's /jobs/{id}/timeline
+# (every finished item's time, plotted).
+_BULK_READS = ("/results", "/content", "/timeline")
 _BULK_POSTS = ("/v1/batches",)
 
 

@@ -8,6 +8,7 @@ thread and gives back its spool; an app's error reaches the server."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -199,16 +200,29 @@ def test_past_the_spool_budget_a_response_waits_for_its_client() -> None:
     assert responder.spooled == 0 and budget.held == 0
 
 
-def test_a_spool_that_cannot_be_written_leaves_the_response_waiting_for_its_client(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("disk", ["full", "short", "fills_up", "slow_to_take"])
+def test_a_spool_write_that_fails_or_falls_short_never_costs_a_byte(
+    monkeypatch: pytest.MonkeyPatch, disk: str
 ) -> None:
-    """A full temporary directory: the response is not cut short, it waits for its client."""
+    """A full temporary directory refuses the write (`full`), writes part of it and then no
+    more (`short`), or writes some batches and then fills up (`fills_up`): the response is
+    neither cut short nor padded, it waits for its client. A write that takes part of a
+    batch at a time (`slow_to_take`) is finished. The client gets every byte in order."""
     chunks, chunk = 200, 16_384
+    real = os.pwrite
+    calls = [0]
 
-    def full(*_: Any) -> int:
-        raise OSError(28, "No space left on device")
+    def pwrite(fd: int, data: Any, offset: int) -> int:
+        calls[0] += 1
+        if disk == "full" or (disk == "fills_up" and calls[0] > 3):
+            raise OSError(28, "No space left on device")
+        if disk == "short" or disk == "slow_to_take":
+            if disk == "short" and calls[0] > 1:
+                return 0
+            return real(fd, bytes(data[: max(1, len(data) // 3)]), offset)
+        return real(fd, data, offset)
 
-    monkeypatch.setattr("api.bridge.os.pwrite", full)
+    monkeypatch.setattr("api.bridge.os.pwrite", pwrite)
     body: list[bytes] = []
 
     async def send(message: dict[str, Any]) -> None:
@@ -220,7 +234,10 @@ def test_a_spool_that_cannot_be_written_leaves_the_response_waiting_for_its_clie
     with ThreadPoolExecutor(1) as executor:
         responder = _serve(_numbered(chunks, chunk), send, executor, budget)
     assert _in_order(b"".join(body), chunks, chunk)
-    assert responder.spool_failed and budget.held == 0
+    assert responder.spool_failed is (disk != "slow_to_take")
+    if disk in ("fills_up", "slow_to_take"):
+        assert responder.spool_end > 0  # the spool served this response until it filled up
+    assert budget.held == 0
 
 
 def test_a_long_response_is_never_far_ahead_of_a_slow_client() -> None:
