@@ -64,12 +64,16 @@ def _running_job(db: sa.Engine, settings: Settings) -> uuid.UUID:
 
 
 def _run(db: sa.Engine, statement: Prepared, **params: Any) -> tuple[int, int]:
-    with db.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        for _ in range(EXECUTIONS):
-            statement.all(conn, **params)
-        plans = _plans(conn, statement.sql)
-        conn.exec_driver_sql("DEALLOCATE ALL")  # the pool's next user starts afresh
-    return plans
+    """The plans of EXECUTIONS executions on a connection of its own: one from the tests' pool
+    may hold the statement prepared, and planned, by an earlier test."""
+    fresh = sa.create_engine(db.url, poolclass=sa.pool.NullPool)
+    try:
+        with fresh.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            for _ in range(EXECUTIONS):
+                statement.all(conn, **params)
+            return _plans(conn, statement.sql)
+    finally:
+        fresh.dispose()
 
 
 def test_a_jobs_record_is_planned_once_per_connection(db: sa.Engine, settings: Settings) -> None:
