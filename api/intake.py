@@ -30,6 +30,7 @@ import collections
 import tempfile
 from collections.abc import Awaitable
 from collections.abc import Callable
+from collections.abc import Mapping
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import IO
@@ -62,7 +63,7 @@ class Refusal:
     retry_after: int | None = None
 
 
-def declared_length(scope: Scope) -> tuple[int | None, bool]:
+def declared_length(scope: Mapping[str, Any]) -> tuple[int | None, bool]:
     """(Content-Length, chunked) as the client declared them."""
     length: int | None = None
     chunked = False

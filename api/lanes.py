@@ -4,18 +4,20 @@ the bulk lane (API_BULK_THREADS).
 Bulk requests are those whose work grows with a job or a file: a results download and a file's
 contents (made at the database's pace, however fast the client reads: api/bridge.py), a job's
 timeline on the dashboard, a batch's create (it validates its whole input file) and any request
-whose body is large (a submit of
-thousands of items, an upload). They take their own threads, so a status call, a page, a
-listing or `/healthz` never waits for a thread behind them, however many run at once; and each
-lane keeps few threads, where one large pool for both made every request dearer: on the
-2-core host of docs/performance.md, 16 threads cost each request of `make bench-scale`'s load
-run about a fifth more API CPU than 4 (the threads' contention for the interpreter).
+whose body is large (a submit of thousands of items, an upload). They take their own threads,
+so a status call, a page, a listing or `/healthz` never waits for a thread behind them, however
+many run at once; and each lane keeps few threads, where one large pool for both made every
+request dearer: on the 2-core host of docs/performance.md, 16 threads cost each request of
+`make bench-scale`'s load run about a fifth more API CPU than 4 (the threads' contention for
+the interpreter).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from api.intake import declared_length
 
 # A body larger than this makes its request bulk: a submit of about a thousand plain items.
 BULK_BODY_BYTES = 256 * 1024
@@ -33,7 +35,5 @@ def is_bulk(scope: Mapping[str, Any]) -> bool:
         return path.endswith(_BULK_READS)
     if method == "POST" and path in _BULK_POSTS:
         return True
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            return value.isdigit() and int(value) > BULK_BODY_BYTES
-    return False
+    length, _ = declared_length(scope)
+    return length is not None and length > BULK_BODY_BYTES

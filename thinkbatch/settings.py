@@ -332,9 +332,9 @@ class Settings(BaseSettings):
         4,
         ge=1,
         description="Threads per API process that serve the bulk requests, whose work grows "
-        "with a job or a file: results downloads, file contents, batch creates and requests "
-        "with a body over 256 KiB (a large submit, an upload). The quick requests never wait "
-        "for these threads.",
+        "with a job or a file: results downloads, file contents, a job's timeline, batch "
+        "creates and requests with a body over 256 KiB (a large submit, an upload). The quick "
+        "requests never wait for these threads.",
     )
     api_max_connections: int = Field(
         1000,
