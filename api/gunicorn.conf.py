@@ -56,7 +56,9 @@ worker_connections = _settings.api_max_connections
 # process; a long results download is not cut off by it.
 timeout = 300
 graceful_timeout = 30
-keepalive = 5
+# Longer than clients' and proxies' own idle timeouts (API_KEEPALIVE_S): the side that closes an
+# idle connection first must be the client, or a request it sends just then is lost.
+keepalive = _settings.api_keepalive_s
 # One JSON access line per request comes from the app (api/access_log.py, with the request
 # id); gunicorn's own lines (start, worker exits) go through the same formatter.
 accesslog = None

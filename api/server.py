@@ -17,8 +17,10 @@
   is dropped, its request ends as for a client gone, and its spool with it (api/bridge.py).
   Set per connection, not on the listening sockets, so that every way gunicorn makes its
   sockets (a worker's own with reuse_port, new ones after a reload) gets it.
+- API_LOOP_STALL_S: the process's event loop is watched (api/stall.py), and where it stands
+  is logged when it has not run for that long.
 
-All three are set on gunicorn's own protocol class, pinned with gunicorn in the lock files:
+The first three are set on gunicorn's own protocol class, pinned with gunicorn in the lock files:
 `tests/stack/test_slow_uploads.py` and `tests/stack/test_slow_downloads.py` run them against a
 real gunicorn, so that an upgrade that changes the protocol fails there.
 """
@@ -32,6 +34,7 @@ from typing import Any
 from gunicorn.asgi.protocol import ASGIProtocol
 from gunicorn.workers import gasgi
 
+from api.stall import LoopWatchdog
 from thinkbatch.settings import get_settings
 
 
@@ -102,4 +105,14 @@ class Worker(gasgi.ASGIWorker):  # type: ignore[misc]  # gunicorn is untyped
         # The worker's server makes its protocol by this module-level name
         # (`lambda: ASGIProtocol(self)` in gasgi._serve); this process serves no other.
         gasgi.ASGIProtocol = Protocol
+        self.stall_s = settings.api_loop_stall_s
         super().init_process()
+
+    def run(self) -> None:
+        # The loop exists by now (init_process made it) and runs in this thread from here on.
+        watchdog = LoopWatchdog(self.loop, self.stall_s)
+        watchdog.start()
+        try:
+            super().run()
+        finally:
+            watchdog.stop()

@@ -130,15 +130,25 @@ class Browser:
     def _stop(self) -> None:
         # The process is always reaped: a Popen dropped while its child runs is a
         # ResourceWarning, which fails the test that made it. Chromium on a busy host may take
-        # longer than the grace to exit; it is then killed, with its process group, and waited.
+        # longer than the grace to exit; it is then killed with its process group. The leader
+        # is reaped only after the last signal to its group: until then its pid, which is the
+        # group's id, cannot be given to another process that a signal would reach.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
+        if not _exited(self.proc.pid, 10):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
         with contextlib.suppress(ProcessLookupError):  # a renderer that outlived the browser
             os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
         shutil.rmtree(self.profile, ignore_errors=True)
+
+
+def _exited(pid: int, timeout: float) -> bool:
+    """Whether the child `pid` exits within `timeout`, left unreaped (a zombie keeps its pid)."""
+    deadline = time.monotonic() + timeout
+    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

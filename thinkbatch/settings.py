@@ -346,8 +346,22 @@ class Settings(BaseSettings):
         30,
         gt=0,
         description="Longest a new connection may take to send its first request's line and "
-        "headers before it is closed; a kept-alive connection's next request has gunicorn's "
-        "keep-alive timeout (5 s).",
+        "headers before it is closed; a kept-alive connection's next request has "
+        "API_KEEPALIVE_S.",
+    )
+    api_keepalive_s: int = Field(
+        75,
+        ge=1,
+        description="Longest an idle kept-alive connection waits for its next request before "
+        "the API closes it. Longer than the idle timeouts of clients' and proxies' connection "
+        "pools (httpx 5 s, aiohttp 15 s, nginx's and AWS ALB's 60 s): a pool that reuses a "
+        "connection just as the server closes it gets no answer, and a POST is not retried.",
+    )
+    api_loop_stall_s: float = Field(
+        2,
+        gt=0,
+        description="An API process whose event loop has not run for this long logs where it "
+        "stands (api/stall.py): every connection of the process waits while it does.",
     )
     request_read_timeout_s: float = Field(
         30,

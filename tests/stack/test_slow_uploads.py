@@ -349,3 +349,40 @@ def _healthz_ok(base: str) -> bool:
         return httpx.get(f"{base}/healthz", timeout=1.0).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def _healthz_on(sock: socket.socket) -> bytes:
+    """One /healthz on a kept-alive connection: its response's status line and headers."""
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    sock.settimeout(5)
+    out = b""
+    while b"\r\n\r\n" not in out:
+        chunk = sock.recv(65536)
+        assert chunk, out  # the server closed the connection instead of answering
+        out += chunk
+    head, _, rest = out.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    return head
+
+
+def test_a_kept_alive_connection_outlasts_the_clients_idle_timeouts(
+    servers: Servers, tmp_path: Path
+) -> None:
+    """The API keeps an idle connection open for API_KEEPALIVE_S, longer than a client pool
+    keeps it (httpx reuses one idle for up to 5 s): a pool's request on a connection it still
+    holds is answered, not met by the server's close; past API_KEEPALIVE_S it is closed."""
+    keepalive = 8
+    env = {"THINKBATCH_API_KEEPALIVE_S": str(keepalive), "THINKBATCH_API_WORKERS": "1"}
+    with _api(servers, tmp_path, **env) as api:
+        sock = socket.create_connection(("127.0.0.1", _port(api)), timeout=10)
+        try:
+            assert _healthz_on(sock).startswith(b"HTTP/1.1 200")
+            time.sleep(6)  # past httpx's idle expiry (5 s), within the API's keep-alive
+            assert _healthz_on(sock).startswith(b"HTTP/1.1 200")
+            idle_from = time.monotonic()
+            assert _closed_by_server(sock, keepalive + 5)
+            assert time.monotonic() - idle_from >= keepalive - 0.5
+        finally:
+            sock.close()
