@@ -25,14 +25,22 @@ async def _run(watchdog: LoopWatchdog, block_s: float, then_s: float) -> None:
     watchdog.stop()
 
 
-def test_a_blocked_loop_is_logged_with_where_it_stands(caplog: pytest.LogCaptureFixture) -> None:
+def _watched(
+    caplog: pytest.LogCaptureFixture, threshold_s: float, block_s: float, then_s: float
+) -> list[str]:
+    """What the watchdog logs over a loop that runs, blocks for `block_s`, then runs on."""
     loop = asyncio.new_event_loop()
     try:
         with caplog.at_level(logging.WARNING, logger="thinkbatch.api.loop"):
-            loop.run_until_complete(_run(LoopWatchdog(loop, 0.2), block_s=1.0, then_s=0.5))
+            watchdog = LoopWatchdog(loop, threshold_s)
+            loop.run_until_complete(_run(watchdog, block_s=block_s, then_s=then_s))
     finally:
         loop.close()
-    messages = [r.getMessage() for r in caplog.records]
+    return [r.getMessage() for r in caplog.records]
+
+
+def test_a_blocked_loop_is_logged_with_where_it_stands(caplog: pytest.LogCaptureFixture) -> None:
+    messages = _watched(caplog, 0.2, block_s=1.0, then_s=0.5)
     assert len(messages) == 2, messages
     assert "has not run for" in messages[0]
     assert "_blocking_call_on_the_loop" in messages[0]  # the stack names the blocking call
@@ -41,10 +49,4 @@ def test_a_blocked_loop_is_logged_with_where_it_stands(caplog: pytest.LogCapture
 
 
 def test_a_running_loop_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
-    loop = asyncio.new_event_loop()
-    try:
-        with caplog.at_level(logging.WARNING, logger="thinkbatch.api.loop"):
-            loop.run_until_complete(_run(LoopWatchdog(loop, 0.5), block_s=0, then_s=1.0))
-    finally:
-        loop.close()
-    assert caplog.records == []
+    assert _watched(caplog, 0.5, block_s=0, then_s=1.0) == []
