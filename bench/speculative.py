@@ -41,7 +41,6 @@ CPU_SPEC = {
     "THINKBATCH_CPU_KVCACHE_SPACE_GIB": "2",
     "THINKBATCH_MAX_MODEL_LEN": "1024",
 }
-MARK = "SPEC-ARM "
 QUESTIONS = [
     "What is continuous batching in vLLM?",
     "What does PagedAttention do?",
@@ -60,7 +59,8 @@ def ngram_config(k: int) -> dict[str, Any]:
 
 
 def run_arm(args: argparse.Namespace) -> None:
-    """One arm, in this (child) process; prints one MARK line of JSON."""
+    """One arm, in this (child) process; writes its JSON to the file --out names (not to
+    stdout, which vLLM's logging shares: a log line can land inside a printed one)."""
     import asyncio
 
     from thinkbatch.ledger import Claimed
@@ -132,7 +132,7 @@ def run_arm(args: argparse.Namespace) -> None:
         await engine.shutdown()
         return result
 
-    print(MARK + json.dumps(asyncio.run(main())), flush=True)
+    Path(args.out).write_text(json.dumps(asyncio.run(main())))
 
 
 def spawn_arm(arm: str, args: argparse.Namespace, env: dict[str, str], prompts: Path) -> Any:
@@ -140,10 +140,11 @@ def spawn_arm(arm: str, args: argparse.Namespace, env: dict[str, str], prompts: 
            "--items", str(args.items), "--max-tokens", str(args.max_tokens),
            "--rounds", str(args.rounds), "--k", str(args.k),
            "--one-at-a-time", str(args.one_at_a_time)]  # fmt: skip
+    out = prompts.with_name(f"{arm}.json")
+    cmd += ["--out", str(out)]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, check=False)
-    for line in proc.stdout.splitlines():
-        if line.startswith(MARK):
-            return json.loads(line[len(MARK) :])
+    if proc.returncode == 0 and out.exists():
+        return json.loads(out.read_text())
     raise RuntimeError(f"the {arm} arm failed ({proc.returncode}): {proc.stderr[-3000:]}")
 
 
@@ -156,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one-at-a-time", type=int, default=8, help="items run sequentially")
     parser.add_argument("--arm", choices=("off", "ngram"), help=argparse.SUPPRESS)
     parser.add_argument("--prompts", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.arm:
         run_arm(args)
