@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import base64
 import re
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -73,7 +74,35 @@ def test_flower_progress_metrics_and_dashboard(ops_stack: Any) -> None:
     job_id = job["id"]
 
     browser = Browser(CHROMIUM) if CHROMIUM else None
+    # Flower's /api/tasks keeps only a task's latest PROGRESS, so it is sampled on its own thread:
+    # the browser's page loads below take seconds on a slow host and would hide the values between.
     seen: list[dict[str, Any]] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def sample_flower() -> None:
+        with httpx.Client(auth=(user, password), timeout=30) as flower_client:
+            while not stop.is_set():
+                try:
+                    tasks = flower_client.get(f"{flower_url}/api/tasks").json()
+                except httpx.HTTPError:
+                    tasks = {}
+                for task in tasks.values():
+                    if task.get("args") and job_id in task["args"] and task.get("result"):
+                        try:
+                            result = ast.literal_eval(task["result"])
+                        except (ValueError, SyntaxError):
+                            continue
+                        with lock:
+                            seen.append({"state": task["state"], **result})
+                stop.wait(0.5)
+
+    def last_done() -> int | None:
+        with lock:
+            return seen[-1]["done"] if seen else None
+
+    sampler = threading.Thread(target=sample_flower, name="flower-sampler", daemon=True)
+    sampler.start()
     shots: list[str] = []
     try:
         if browser:
@@ -83,13 +112,6 @@ def test_flower_progress_metrics_and_dashboard(ops_stack: Any) -> None:
         deadline = time.monotonic() + 180
         progress_pages: list[str] = []
         while time.monotonic() < deadline:
-            tasks = httpx.get(f"{flower_url}/api/tasks", auth=(user, password), timeout=30).json()
-            for task in tasks.values():
-                if task.get("args") and job_id in task["args"] and task.get("result"):
-                    try:
-                        seen.append({"state": task["state"], **ast.literal_eval(task["result"])})
-                    except (ValueError, SyntaxError):
-                        pass
             state = client.job(job_id)
             if browser and state["status"] == "running" and len(progress_pages) < 2:
                 browser.open(f"{api_url}/")
@@ -105,9 +127,11 @@ def test_flower_progress_metrics_and_dashboard(ops_stack: Any) -> None:
                     browser.open(f"{flower_url}/tasks", settle=3)
                     shots.append(str(browser.screenshot("flower-tasks-running.png")))
                     browser.call("Network.setExtraHTTPHeaders", headers={})
-            if state["status"] == "completed" and seen and seen[-1]["done"] == ITEMS:
+            if state["status"] == "completed" and last_done() == ITEMS:
                 break
             time.sleep(1)
+        stop.set()
+        sampler.join(timeout=60)
         final = client.job(job_id)
         assert final["status"] == "completed", final
         # Flower showed the job's progress rising, with a rate, and ending at the total.
@@ -180,6 +204,7 @@ def test_flower_progress_metrics_and_dashboard(ops_stack: Any) -> None:
             assert browser.console_errors == []
         print("screenshots:", shots)
     finally:
+        stop.set()
         if browser:
             browser.close()
     if not CHROMIUM:
