@@ -4,7 +4,8 @@ client enters the figures. A status call of a job underway (authentication, the 
 limiter, the job read, the live workers while the job has pending items, serialization, access
 log, logged as the API logs, and metrics) and an items page of 100 finished items, each with
 the Postgres CPU it cost (the embedded cluster's, psutil); `make bench-scale` times the same
-calls over HTTP.
+calls over HTTP. With `--stages`, one more round of each, after those, prints the call's CPU by
+stage: each request hook and the view (bench/request_stages.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import sqlalchemy as sa
 from api import create_app
 from bench.cpu import cpu_snapshot
 from bench.cpu import cpu_used
+from bench.request_stages import RequestStages
+from bench.request_stages import report
 from bench.scale import fill_results
 from bench.scale import settle
 from devstack import local_stack
@@ -33,6 +36,7 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=2000, help="status calls per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--items", type=int, default=1000, help="items of the polled job")
+    parser.add_argument("--stages", action="store_true", help="and the CPU by request stage")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="thinkbatch-poll-"))
     env = {"THINKBATCH_MODEL": "thinkbatch-demo"}
@@ -55,7 +59,8 @@ def main() -> int:
         underway(settings.require_database_url(), created.json["id"])
         page = f"/v1/jobs/{done.json['id']}/items?limit=100"
         figures = {}
-        for name, path, calls in (("status", status, args.calls), ("page", page, args.calls // 4)):
+        reads = (("status", status, args.calls), ("page", page, args.calls // 4))
+        for name, path, calls in reads:
             for _ in range(100):  # warm: statement caches, the pool, the stats cache
                 client.get(path)
             rounds, postgres = [], []
@@ -67,6 +72,16 @@ def main() -> int:
                 rounds.append((time.process_time() - cpu) * 1000 / calls)
                 postgres.append(cpu_used(before, "poll").get("postgres", 0.0) * 1000 / calls)
             figures[name] = (rounds, postgres, calls)
+        # After the rounds above: the wrappers cost a little CPU of their own.
+        split = {}
+        if args.stages:
+            stages = RequestStages(app)
+            for name, path, calls in reads:
+                stages.reset()
+                cpu = time.thread_time()
+                for _ in range(calls):
+                    assert client.get(path).status_code == 200
+                split[name] = report(stages.cpu(), time.thread_time() - cpu, calls)
         services = app.extensions["thinkbatch"]  # closed before the servers stop
         services.engine.dispose()
         services.celery.close()
@@ -81,6 +96,9 @@ def main() -> int:
             f"Postgres {statistics.median(postgres):.3f} ms "
             f"({' '.join(f'{r:.3f}' for r in postgres)})"
         )
+        if name in split:
+            print(f"{name}, CPU per call by stage (one round of {calls}):")
+            print("\n".join(split[name]))
     return 0
 
 
