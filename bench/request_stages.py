@@ -1,6 +1,6 @@
 """CPU of a request by stage, in-process: each of the app's request hooks and its view, timed
-with the calling thread's CPU clock (`time.thread_time`), so that waiting on Postgres or Redis
-is not counted. Flask's test client runs every hook and the view in the calling thread;
+on the calling thread's CPU clock (worker/stages.py's StageClock), so that waiting on Postgres
+or Redis is not counted. Flask's test client runs every hook and the view in the calling thread;
 what is left of a call's CPU (Werkzeug's request and response, routing, the test client) is
 printed as the rest. `python -m bench.poll_cpu --stages` prints it for a status call and a page.
 """
@@ -8,19 +8,19 @@ printed as the rest. `python -m bench.poll_cpu --stages` prints it for a status 
 from __future__ import annotations
 
 import functools
-import time
-from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
 from flask import Flask
+
+from worker.stages import StageClock
 
 
 class RequestStages:
     """Wraps the hooks and views `app` has now; `cpu()` is the CPU spent in each so far."""
 
     def __init__(self, app: Flask):
-        self._spent: defaultdict[str, float] = defaultdict(float)
+        self._clock = StageClock(())
         tables = (
             ("before", app.before_request_funcs),
             ("after", app.after_request_funcs),
@@ -33,24 +33,19 @@ class RequestStages:
             app.view_functions[endpoint] = self._timed(f"view {endpoint}", view)
 
     def _timed(self, stage: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        spent = self._spent
-
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            started = time.thread_time()
-            try:
+            with self._clock.measure(stage):
                 return fn(*args, **kwargs)
-            finally:
-                spent[stage] += time.thread_time() - started
 
         return timed
 
     def reset(self) -> None:
-        self._spent.clear()
+        self._clock = StageClock(())
 
     def cpu(self) -> dict[str, float]:
         """Seconds of CPU by stage since the last reset, the largest first."""
-        return dict(sorted(self._spent.items(), key=lambda kv: -kv[1]))
+        return dict(sorted(self._clock.snapshot().items(), key=lambda kv: -kv[1]))
 
 
 def _name(fn: Callable[..., Any]) -> str:

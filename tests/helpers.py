@@ -323,3 +323,10 @@ def check_invariants(db: sa.Engine, job_id: uuid.UUID, *, finished: bool = True)
         assert counts["pending"] == counts["running"] == 0, counts
         assert job.status in ("completed", "failed", "cancelled", "expired"), job.status
     return counts
+
+
+def burn_cpu(seconds: float) -> None:
+    """Spend `seconds` of this thread's CPU (a stage's work, for the tests that time stages)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass

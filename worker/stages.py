@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Coroutine
 from collections.abc import Generator
+from collections.abc import Iterable
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -35,13 +36,16 @@ SAMPLE_EVERY = 16
 
 
 class StageClock:
-    def __init__(self) -> None:
+    """CPU seconds by stage: the worker's STAGES unless others are named; a stage not named
+    up front is counted from its first use (bench/request_stages.py names none)."""
+
+    def __init__(self, stages: Iterable[str] = STAGES) -> None:
         self._lock = threading.Lock()
-        self._cpu = dict.fromkeys(STAGES, 0.0)
+        self._cpu = dict.fromkeys(stages, 0.0)
 
     def add(self, stage: str, seconds: float) -> None:
         with self._lock:
-            self._cpu[stage] += seconds
+            self._cpu[stage] = self._cpu.get(stage, 0.0) + seconds
 
     @contextmanager
     def measure(self, stage: str) -> Iterator[None]:

@@ -10,12 +10,7 @@ from flask import Response
 
 from bench.request_stages import RequestStages
 from bench.request_stages import report
-
-
-def _burn(seconds: float) -> None:
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        pass
+from tests.helpers import burn_cpu
 
 
 def _app() -> Flask:
@@ -23,7 +18,7 @@ def _app() -> Flask:
 
     @app.before_request
     def check() -> None:
-        _burn(0.03)
+        burn_cpu(0.03)
 
     @app.after_request
     def stamp(response: Response) -> Response:

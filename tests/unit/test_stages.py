@@ -9,22 +9,17 @@ import time
 
 import pytest
 
+from tests.helpers import burn_cpu
 from worker.stages import STAGES
 from worker.stages import StageClock
 from worker.stages import Timed
 from worker.stages import thread_cpu
 
 
-def _burn(seconds: float) -> None:
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        pass
-
-
 def test_measure_charges_the_threads_cpu_not_its_waiting() -> None:
     clock = StageClock()
     with clock.measure("claim"):
-        _burn(0.05)
+        burn_cpu(0.05)
     with clock.measure("store"):
         time.sleep(0.1)  # waiting (on Postgres, say) is no CPU
     cpu = clock.snapshot()
@@ -37,14 +32,14 @@ def test_timed_charges_the_first_step_to_submit_and_the_rest_to_output() -> None
     clock = StageClock()
 
     async def request() -> str:
-        _burn(0.04)  # into the engine
+        burn_cpu(0.04)  # into the engine
         await asyncio.sleep(0.05)  # the engine works; another task burns meanwhile
-        _burn(0.02)  # taking the output
+        burn_cpu(0.02)  # taking the output
         return "generation"
 
     async def neighbour() -> None:
         await asyncio.sleep(0.01)
-        _burn(0.1)  # runs while the request is suspended: charged to nobody
+        burn_cpu(0.1)  # runs while the request is suspended: charged to nobody
 
     async def main() -> str:
         result, _ = await asyncio.gather(Timed(request(), "submit", "output", clock), neighbour())
@@ -60,7 +55,7 @@ def test_a_sample_counts_for_its_weight() -> None:
     clock = StageClock()
 
     async def request() -> None:
-        _burn(0.02)
+        burn_cpu(0.02)
 
     asyncio.run(_await(Timed(request(), "submit", "output", clock, weight=4)))
     assert 0.08 <= clock.snapshot()["submit"] < 0.3
@@ -106,7 +101,7 @@ def test_thread_cpu_names_the_threads() -> None:
     burned, done = threading.Event(), threading.Event()
 
     def work() -> None:
-        _burn(0.05)
+        burn_cpu(0.05)
         burned.set()
         done.wait()
 
