@@ -1,0 +1,182 @@
+"""The guard's fast reader (thinkbatch/guard_fast.py) against its exact reader
+(thinkbatch/guard_events.py `read_events`): for any body, valid or hostile, cut into chunks of any
+size, both give the same answer, the same values or the same refusal naming the same field, and
+the fast reader reads a plain body without the exact reader."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from unittest import mock
+
+import pytest
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from thinkbatch import guard_fast
+from thinkbatch.errors import InputError
+from thinkbatch.guard import Limits
+from thinkbatch.guard import read_body
+from thinkbatch.guard import read_object
+from thinkbatch.guard_events import read_events
+
+TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=8)
+NUMBERS = st.integers(-(2**64), 2**64) | st.floats(allow_nan=False, allow_infinity=False)
+SCALARS = st.none() | st.booleans() | NUMBERS | TEXT
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.sampled_from(["messages", "role", "a", "é"]) | TEXT, inner, max_size=3)
+    ),
+    max_leaves=16,
+)
+# Text that can turn a body hostile wherever it lands.
+HOSTILE = st.sampled_from(
+    [
+        b'"\\u0000"', b"\\u0000", b"NaN", b"-Infinity", b"9223372036854775808", b"1e999",
+        b"01", b"1.", b",", b"]", b"}", b"[", b"{", b'"', b":", b'{"a":1,"a":2}', b"\xff",
+        b"\xed\xa0\x80", b"\xe2\x82", b'"\\ud800"', b"\\udc00", b"[" * 40 + b"]" * 40,
+        b'{"messages":[1,2,3,4,5,6,7]}', b"\t", b"\x01", b"\xef\xbb\xbf", b" x",
+    ]
+)  # fmt: skip
+
+
+class Trickle:
+    """A request stream that hands out at most `step` bytes a read."""
+
+    def __init__(self, data: bytes, step: int):
+        self.data, self.step, self.pos = data, step, 0
+
+    def read(self, size: int = -1) -> bytes:
+        n = self.step if size < 0 else min(size, self.step)
+        chunk = self.data[self.pos : self.pos + n]
+        self.pos += len(chunk)
+        return chunk
+
+
+def outcome(reader: Any, data: bytes, step: int, limits: Limits) -> tuple[Any, ...]:
+    try:
+        return ("ok", list(reader(Trickle(data, step), limits)))
+    except InputError as error:
+        return ("refused", error.message, error.param, error.code)
+
+
+@st.composite
+def bodies(draw: st.DrawFn) -> bytes:
+    fields = draw(st.dictionaries(st.sampled_from(["params", "model", "messages", "x"]), VALUES))
+    items = draw(st.lists(VALUES, max_size=5))
+    after = draw(st.booleans())
+    body = {**({} if after else fields), "items": items, **(fields if after else {})}
+    separators = draw(st.sampled_from([(",", ":"), (", ", ": "), (" ,\n", " :\t")]))
+    data = json.dumps(body, separators=separators, ensure_ascii=draw(st.booleans())).encode()
+    change = draw(st.sampled_from(["none", "insert", "replace", "cut"]))
+    at = draw(st.integers(0, len(data)))
+    if change == "insert":
+        data = data[:at] + draw(HOSTILE) + data[at:]
+    elif change == "replace":
+        data = data[:at] + draw(HOSTILE) + data[at + draw(st.integers(1, 4)) :]
+    elif change == "cut":
+        data = data[:at]
+    return data
+
+
+LIMITS = st.builds(
+    Limits,
+    max_depth=st.integers(5, 8),
+    max_messages=st.integers(1, 6),
+    max_chars=st.integers(4, 400) | st.just(1 << 62),
+    max_values=st.integers(3, 60) | st.just(1 << 62),
+)
+
+
+STEPS = (65536, 7, 1)
+
+
+@settings(max_examples=500, deadline=None)
+@given(bodies(), LIMITS)
+def test_both_readers_give_the_same_answer(data: bytes, limits: Limits) -> None:
+    exact = {step: outcome(read_events, data, step, limits) for step in STEPS}
+    fast = {step: outcome(read_body, data, step, limits) for step in STEPS}
+    if all(answer == exact[STEPS[0]] for answer in exact.values()):
+        assert fast == exact
+    else:
+        # Two faults in one body: which is named first follows where the chunks are cut, for
+        # the exact reader too. Both refuse it, naming one of them.
+        assert {answer[0] for answer in exact.values()} == {"refused"}
+        assert {answer[0] for answer in fast.values()} == {"refused"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(bodies(), LIMITS)
+def test_values_past_the_read_ahead_go_to_the_exact_reader(data: bytes, limits: Limits) -> None:
+    # A value longer than READ_AHEAD is the exact reader's, whatever it holds.
+    exact = outcome(read_events, data, 5, limits)
+    with mock.patch.object(guard_fast, "READ_AHEAD", 16):
+        fast = outcome(read_body, data, 5, limits)
+    assert fast == exact or {fast[0], exact[0]} == {"refused"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["custom_id", "body", "messages"]), VALUES), LIMITS)
+def test_a_whole_object_reads_the_same(line: dict[str, Any], limits: Limits) -> None:
+    data = json.dumps(line).encode()
+    whole = Limits(limits.max_depth, limits.max_messages, limits.max_chars, limits.max_values, None)
+
+    def read(reader: Any) -> tuple[Any, ...]:
+        try:
+            return ("ok", reader())
+        except InputError as error:
+            return ("refused", error.message, error.param, error.code)
+
+    exact = read(lambda: dict(v for _, v in read_events(Trickle(data, 65536), whole)))  # type: ignore[arg-type]
+    assert read(lambda: read_object(data, limits)) == exact
+
+
+def _handed_on(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The resumes of the exact reader, recorded while the fast reader reads."""
+    resumes: list[Any] = []
+
+    def spy(stream: Any, limits: Limits, resume: Any = None) -> Any:
+        resumes.append(resume)
+        return read_events(stream, limits, resume)
+
+    monkeypatch.setattr(guard_fast, "read_events", spy)
+    return resumes
+
+
+def test_a_plain_body_is_read_without_the_exact_reader(monkeypatch: pytest.MonkeyPatch) -> None:
+    resumes = _handed_on(monkeypatch)
+    body = {
+        "params": {"max_tokens": 64, "temperature": 0.5},
+        "items": [
+            {"custom_id": f"r{k}", "messages": [{"role": "user", "content": f"é {k} 😀"}]}
+            for k in range(2000)
+        ],
+        "metadata": {"team": "eval"},
+    }
+    data = json.dumps(body).encode()  # \u escapes, surrogate pairs among them
+    read = list(read_body(Trickle(data, 4096), Limits(max_depth=32)))  # type: ignore[arg-type]
+    assert read[0] == ("field", ("params", body["params"]))
+    assert [v for kind, v in read if kind == "item"] == body["items"]
+    assert read[-1] == ("field", ("metadata", body["metadata"]))
+    assert resumes == []
+
+
+def test_a_doubt_hands_on_the_rest_from_the_item_it_is_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    resumes = _handed_on(monkeypatch)
+    items = [{"prompt": f"q{k}"} for k in range(5)]
+    data = json.dumps({"items": items}).encode().replace(b'"q3"', b'"q\\u00003"')
+    with pytest.raises(InputError) as refused:
+        list(read_body(Trickle(data, 65536), Limits(max_depth=32)))  # type: ignore[arg-type]
+    assert refused.value.param == "items[3].prompt"
+    assert [(r.at, r.index) for r in resumes] == [("after_item", 3)]
+    # A doubt the exact reader clears: the items come out once each, in order.
+    data = json.dumps({"items": items}).encode().replace(b'"q3"', b'"q\\\\u00003"')
+    read = [
+        v for kind, v in read_body(Trickle(data, 65536), Limits(max_depth=32)) if kind == "item"
+    ]  # type: ignore[arg-type]
+    assert read == [*items[:3], {"prompt": "q\\u00003"}, *items[4:]]
