@@ -45,6 +45,7 @@ from thinkbatch.guard_events import MAX_SHOWN_KEY
 from thinkbatch.guard_events import Limits
 from thinkbatch.guard_events import bad
 from thinkbatch.guard_events import path_at
+from thinkbatch.guard_events import read_events
 
 __all__ = ["Limits", "check_text", "read_body", "read_object", "validation_error"]
 
@@ -85,9 +86,11 @@ def read_object(data: bytes, limits: Limits) -> dict[str, Any]:
         max_values=limits.max_values,
         items_key=None,
     )
+    fast = guard_fast.read_whole(data, whole)
+    if fast is not None:
+        return fast
     try:
-        read = guard_fast.read_body(io.BytesIO(data), whole, len(data))
-        return {key: value for _, (key, value) in read}
+        return {key: value for _, (key, value) in read_events(io.BytesIO(data), whole)}
     except InputError as error:
         offset = getattr(error, "offset", None)
         if error.param is not None or offset is None:

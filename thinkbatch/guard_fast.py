@@ -24,6 +24,7 @@ which reads it in bounded memory, so this reader holds at most that much text an
 from __future__ import annotations
 
 import codecs
+import functools
 import io
 import json
 import re
@@ -45,14 +46,17 @@ _WS = re.compile(r"[ \t\n\r]*")
 _SPACE = " \t\n\r"
 _AFTER = frozenset(",]}" + _SPACE)  # what may follow a value
 _INT64 = 1 << 63
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 class _Doubt(ValueError):
     """This reader is not certain: the exact reader decides."""
 
 
-def _decoder(limits: Limits) -> json.JSONDecoder:
-    max_messages = limits.max_messages
+@functools.lru_cache(maxsize=16)
+def _decoder(max_messages: int) -> json.JSONDecoder:
+    """One decoder per limit: a batch file's lines are read one reader each, and making the
+    decoder and its scanner cost more than reading a line."""
 
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
         value = dict(items)
@@ -103,7 +107,7 @@ class _Reader:
         self.unread = b""  # what the guard took from the stream and refused to hand on
         self.limits = limits
         # The decoder's scanner itself: raw_decode is a Python frame around it.
-        self.scan = _decoder(limits).scan_once  # type: ignore[attr-defined]
+        self.scan = _decoder(limits.max_messages).scan_once  # type: ignore[attr-defined]
         self.utf8 = codecs.getincrementaldecoder("utf-8")("strict")
         self.text = ""
         self.pos = 0
@@ -314,16 +318,10 @@ class _Chain(io.RawIOBase):
         return self.rest.read(size) if size != 0 else b""
 
 
-def read_body(
-    stream: IO[bytes], limits: Limits, size: int | None = None
-) -> Iterator[tuple[str, Any]]:
+def read_body(stream: IO[bytes], limits: Limits) -> Iterator[tuple[str, Any]]:
     """guard.read_body: the fast reader, and the exact one from wherever it is not certain.
-
-    A whole object (`items_key` None) is counted as one, so its counts are certain only for a
-    text of known `size` within them; the exact reader reads any other from its start."""
-    if limits.items_key is None and (
-        size is None or size > min(limits.max_values, limits.max_chars)
-    ):
+    A whole object (`items_key` None) is counted as one: see `read_whole`."""
+    if limits.items_key is None:
         yield from read_events(stream, limits)
         return
     reader = _Reader(stream, limits)
@@ -331,3 +329,33 @@ def read_body(
         yield from reader.read()
     except _Handed:
         yield from reader.handed()
+
+
+def read_whole(data: bytes, limits: Limits) -> dict[str, Any] | None:
+    """A whole object (a batch file's line) decoded in one call, where certain; None for the
+    exact reader to read it. Its counts are over the whole object, so only a text within
+    them is certain; its bytes are checked here as the guard checks them (strict UTF-8, and
+    any surrogate escape, a pair too, left to the exact reader)."""
+    if len(data) > min(limits.max_values, limits.max_chars):
+        return None
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        return None
+    if _SURROGATE_ESCAPE.search(text) or text.find("\\u0000") >= 0:
+        return None
+    start = _WS.match(text).end()  # type: ignore[union-attr]
+    try:
+        value, end = _decoder(limits.max_messages).scan_once(text, start)  # type: ignore[attr-defined]
+    except (StopIteration, ValueError, RecursionError):
+        return None
+    if value.__class__ is not dict or _WS.match(text, end).end() != len(text):  # type: ignore[union-attr]
+        return None
+    # The object is level 1, as in the exact reader's stack.
+    if text.count("{") + text.count("[") > limits.max_depth:
+        try:
+            if _depth(value) > limits.max_depth:
+                return None
+        except RecursionError:
+            return None
+    return cast(dict[str, Any], value)
