@@ -15,12 +15,15 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import referencing
+import referencing.exceptions
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 from jsonschema.validators import validator_for
 
 from thinkbatch.sampling import Sampling
 
+_LOCAL: referencing.Registry[Any] = referencing.Registry()
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
@@ -47,10 +50,19 @@ def _json(answer: str, schema: dict[str, Any] | None) -> Any:
     except ValueError as error:
         raise AnswerInvalid(f"the answer is not JSON: {error}") from None
     if schema is not None:
+        # An empty registry: a reference outside the schema is never fetched (the submit
+        # refuses those; this holds for anything stored before it did).
+        validator = validator_for(schema, default=Draft202012Validator)(schema, registry=_LOCAL)
         try:
-            validator_for(schema, default=Draft202012Validator)(schema).validate(value)
+            validator.validate(value)
         except ValidationError as error:
             raise AnswerInvalid(f"the answer does not match its schema: {error.message}") from None
+        except (RecursionError, referencing.exceptions.Unresolvable) as error:
+            # A loop or a dangling reference the submit did not see (stored before it checked):
+            # this item's fault, never its batch-mates'.
+            raise AnswerInvalid(
+                f"the answer could not be checked against its schema: {type(error).__name__}"
+            ) from None
     return value
 
 

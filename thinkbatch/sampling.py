@@ -148,7 +148,10 @@ def structured_of(merged: Mapping[str, Any]) -> tuple[Structured | None, str, st
             return None, "auto", None
     fmt = merged.get("response_format")
     if fmt is not None and fmt["type"] == "json_schema":
-        schema = fmt["json_schema"].get("schema") or {"type": "object"}
+        # No schema given: an object, as OpenAI reads it. An empty one ({}) is any JSON value.
+        schema = fmt["json_schema"].get("schema")
+        if schema is None:
+            schema = {"type": "object"}
         return Structured("json", _canonical(schema), schema), "none", None
     if fmt is not None and fmt["type"] == "json_object":
         return Structured("json_object", True), "none", None

@@ -216,6 +216,13 @@ BAD_BODIES: list[tuple[dict[str, Any], str | None, str]] = [
     (line("schema", response_format={"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "nope"}}}),
      "response_format.json_schema.schema", "invalid_schema"),
+    (line("refloop", response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"$ref": "#"}}}),
+     "response_format.json_schema.schema", "invalid_schema"),
+    (line("remote", response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"$ref": "http://169.254.169.254/latest"}}}),
+     "response_format.json_schema.schema", "invalid_schema"),
+    (line("bias", logit_bias={"1": 5, "01": -5}), "logit_bias.01", "invalid_value"),
     (line("cap", max_completion_tokens=10**6), "max_completion_tokens", "max_tokens_too_large"),
     (line("many", n=99), "n", "invalid_value"),
     (line("lp", logprobs=True, top_logprobs=20, max_tokens=30000, n=4),

@@ -189,6 +189,17 @@ REFUSED = [
     ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "items[0].params.tools",
      "exclude each other"),
     ({"logit_bias": {"abc": 1}}, "items[0].params.logit_bias.abc", "pattern"),
+    ({"logit_bias": {"1": 5, "01": -5}}, "items[0].params.logit_bias.01", "pattern"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "$ref": "#"}}}}, "items[0].params.response_format.json_schema.schema", "reference loop"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "$ref": "#/$defs/missing"}}}}, "items[0].params.response_format.json_schema.schema",
+     "points at nothing"),
+    ({"structured_outputs": {"json": {"$ref": "http://169.254.169.254/latest"}}},
+     "items[0].params.structured_outputs.json", "not a reference within the schema"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "allOf": [{"$ref": "#"}]}}}]},
+     "items[0].params.tools[0].function.parameters", "reference loop"),
     ({"logit_bias": {"5": 101}}, "items[0].params.logit_bias.5", "100"),
     ({"stop_token_ids": [-1]}, "items[0].params.stop_token_ids[0]", "greater than"),
     ({"min_p": 1.5}, "items[0].params.min_p", "1"),

@@ -24,6 +24,7 @@ from pydantic import Field
 from pydantic import model_validator
 
 from thinkbatch.limits import TOOLS_MAX
+from thinkbatch.schema_refs import ref_problem
 
 _INPUT = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 FunctionName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
@@ -107,7 +108,8 @@ ReasoningEffort = Literal["none", "minimal", "low", "medium", "high"]
 
 def schema_problem(schema: dict[str, Any]) -> str | None:
     """Why `schema` is not a valid JSON Schema (against the meta-schema of the draft it names,
-    2020-12 when it names none), or None."""
+    2020-12 when it names none), or has references the engine and the worker cannot follow
+    safely (thinkbatch/schema_refs.py), or None."""
     try:
         validator_for(schema, default=validator_for({})).check_schema(schema)
     except SchemaError as error:
@@ -115,7 +117,7 @@ def schema_problem(schema: dict[str, Any]) -> str | None:
         return f"not a valid JSON Schema{' at ' + where if where else ''}: {error.message}"
     except RecursionError:  # bounded by MAX_JSON_DEPTH long before; kept as a 400 regardless
         return "not a valid JSON Schema: nested too deep"
-    return None
+    return ref_problem(schema)
 
 
 def regex_problem(pattern: str) -> str | None:

@@ -76,10 +76,13 @@ class SamplingParamsIn(BaseModel):
     )
     n: int | None = SAMPLING_LIMITS["n"].field()
     min_p: float | None = SAMPLING_LIMITS["min_p"].field()
-    logit_bias: dict[Annotated[str, Field(pattern=r"^[0-9]{1,10}$")], Bias] | None = Field(
+    # A token id in its one decimal spelling: "01" beside "1" would be one id given twice, the
+    # engine keeping either bias.
+    logit_bias: dict[Annotated[str, Field(pattern=r"^(0|[1-9][0-9]{0,9})$")], Bias] | None = Field(
         None,
         max_length=LOGIT_BIAS_MAX_ENTRIES,
-        description="Token id (a decimal string) to a bias in [-100, 100] added to its logit.",
+        description="Token id (a decimal string without leading zeros) to a bias in "
+        "[-100, 100] added to its logit.",
     )
     stop_token_ids: Annotated[list[TokenId], Field(max_length=STOP_TOKEN_IDS_MAX)] | None = Field(
         None, description="Token ids that end the generation, as a stop string does."

@@ -114,30 +114,45 @@ _ENDS = {AbortReason.cancelled: ItemStatus.cancelled, AbortReason.expired: ItemS
 
 
 def sort_outcomes(batch: list[Outcome], *, think: ThinkTokens, item_deadline_s: float) -> Writes:
+    """The batch's writes. An outcome whose result cannot be built (an exception no check
+    foresaw, in parsing its answer say) fails that item alone, retried up to MAX_ATTEMPTS:
+    raised here, it would end the writer's thread, and no result of this worker would be
+    stored again."""
     writes = Writes()
     for outcome in batch:
-        item = outcome.claimed
-        key = (item.id, item.job_id, item.attempt)
-        match outcome.kind:
-            case OutcomeKind.done:
-                assert outcome.generation is not None and outcome.flight is not None
-                stored = to_done(item, outcome.flight.prepared, outcome.generation, think)
-                if isinstance(stored, Done):
-                    writes.done.append(stored)
-                else:
-                    writes.failed.append(stored)
-            case OutcomeKind.rejected:
-                writes.failed.append(Failed(*key, outcome.code, outcome.message, retryable=False))
-            case OutcomeKind.error:
-                writes.failed.append(Failed(*key, outcome.code, outcome.message, retryable=True))
-            case OutcomeKind.aborted if outcome.reason in _ENDS:
-                writes.ended[_ENDS[outcome.reason]].append(key)
-            case OutcomeKind.aborted if outcome.reason is AbortReason.deadline:
-                message = f"no result within ITEM_DEADLINE_S={item_deadline_s:g}s"
-                writes.failed.append(Failed(*key, "timeout", message, retryable=True))
-            case _:  # shutdown
-                writes.released.append(key)
+        try:
+            _sort(writes, outcome, think, item_deadline_s)
+        except Exception as error:  # confined to its item, and logged
+            item = outcome.claimed
+            log.exception("could not build the result of item %d", item.id)
+            message = f"the worker could not build this item's result ({type(error).__name__})"
+            key = (item.id, item.job_id, item.attempt)
+            writes.failed.append(Failed(*key, "internal_error", message, retryable=True))
     return writes
+
+
+def _sort(writes: Writes, outcome: Outcome, think: ThinkTokens, item_deadline_s: float) -> None:
+    item = outcome.claimed
+    key = (item.id, item.job_id, item.attempt)
+    match outcome.kind:
+        case OutcomeKind.done:
+            assert outcome.generation is not None and outcome.flight is not None
+            stored = to_done(item, outcome.flight.prepared, outcome.generation, think)
+            if isinstance(stored, Done):
+                writes.done.append(stored)
+            else:
+                writes.failed.append(stored)
+        case OutcomeKind.rejected:
+            writes.failed.append(Failed(*key, outcome.code, outcome.message, retryable=False))
+        case OutcomeKind.error:
+            writes.failed.append(Failed(*key, outcome.code, outcome.message, retryable=True))
+        case OutcomeKind.aborted if outcome.reason in _ENDS:
+            writes.ended[_ENDS[outcome.reason]].append(key)
+        case OutcomeKind.aborted if outcome.reason is AbortReason.deadline:
+            message = f"no result within ITEM_DEADLINE_S={item_deadline_s:g}s"
+            writes.failed.append(Failed(*key, "timeout", message, retryable=True))
+        case _:  # shutdown
+            writes.released.append(key)
 
 
 def _rich(sampling: Sampling) -> bool:
