@@ -35,6 +35,7 @@ _SKIP = re.compile(rb"(?:[^\\]++|\\[^u]|\\u(?=[\s\S]{2})(?![dD][89a-fA-F]))*+")
 _PAIR = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}")
 _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _PAIR_LEN = 12
+_NOT_JSON = re.compile(rb"[\x0b\x0c]")
 
 
 class Guard:
@@ -64,6 +65,7 @@ class Guard:
         while True:
             raw = self.stream.read(size)
             self._check_utf8(raw)
+            self._check_controls(raw)
             self.offset += len(raw)
             data, self.held = self.held + raw, b""
             safe = self._check_escapes(data, final=not raw)
@@ -87,6 +89,19 @@ class Guard:
             fault = bad(f"request body: invalid UTF-8 at byte {at}", code="invalid_encoding")
             fault.offset = at - 1  # type: ignore[attr-defined]  # read by read_object
             raise fault from None
+
+    def _check_controls(self, raw: bytes) -> None:
+        """A vertical tab or a form feed is never valid JSON: not whitespace between tokens
+        (yajl takes them for it), and a control character inside a string must be escaped."""
+        found = _NOT_JSON.search(raw)
+        if found is not None:
+            at = self.offset + found.start() + 1
+            fault = bad(
+                f"request body is not valid JSON: invalid character {found.group()!r} at byte {at}",
+                code="invalid_json",
+            )
+            fault.offset = at - 1  # type: ignore[attr-defined]  # read by read_object
+            raise fault
 
     def _check_escapes(self, data: bytes, *, final: bool) -> int:
         """Raise at a lone surrogate escape; return how much of data is checked."""

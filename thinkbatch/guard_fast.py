@@ -69,7 +69,8 @@ def _decoder(max_messages: int) -> json.JSONDecoder:
 
     def integer(text: str) -> int:
         value = int(text)
-        if len(text) > 18 and not -_INT64 <= value < _INT64:
+        # yajl builds the magnitude before its sign: it refuses -2**63 too, and so do we.
+        if len(text) > 18 and not -_INT64 < value < _INT64:
             raise _Doubt("integer overflow")
         return value
 
@@ -152,7 +153,11 @@ class _Reader:
             self.pos = _WS.match(self.text, self.pos).end()  # type: ignore[union-attr]
             if self.pos < len(self.text):
                 return self.text[self.pos]
-            if not self.more():
+            # The text since the mark is kept, and copied on each chunk: a long run of
+            # whitespace goes to the exact reader, which reads it in constant memory.
+            if len(self.text) - self.mark[1] > READ_AHEAD or not self.more():
+                if not self.eof:
+                    raise _Handed
                 return ""
 
     def handed(self) -> Iterator[tuple[str, Any]]:

@@ -39,6 +39,7 @@ HOSTILE = st.sampled_from(
         b"01", b"1.", b",", b"]", b"}", b"[", b"{", b'"', b":", b'{"a":1,"a":2}', b"\xff",
         b"\xed\xa0\x80", b"\xe2\x82", b'"\\ud800"', b"\\udc00", b"[" * 40 + b"]" * 40,
         b'{"messages":[1,2,3,4,5,6,7]}', b"\t", b"\x01", b"\xef\xbb\xbf", b" x",
+        b"-9223372036854775808", b"\x0b", b"\x0c",
     ]
 )  # fmt: skip
 
@@ -194,3 +195,65 @@ def test_a_doubt_hands_on_the_rest_from_the_item_it_is_in(
         v for kind, v in read_body(Trickle(data, 65536), Limits(max_depth=32)) if kind == "item"
     ]  # type: ignore[arg-type]
     assert read == [*items[:3], {"prompt": "q\\u00003"}, *items[4:]]
+
+
+EDGES = [
+    # yajl refuses -2**63 (it builds the magnitude first), so the fast reader does too.
+    (b'{"items":[{"n":-9223372036854775808}]}', "integer_out_of_range"),
+    (b'{"items":[{"n":-9223372036854775807}]}', None),
+    # A vertical tab or a form feed is not JSON whitespace, nor allowed raw in a string.
+    (b'{"items":[]}\x0b', "invalid_json"),
+    (b'\x0c{"items":[]}', "invalid_json"),
+    (b'{"items":[1,\x0b2]}', "invalid_json"),
+    (b'{"items":[{"prompt":"a\x0cb"}]}', "invalid_json"),
+]
+
+
+@pytest.mark.parametrize(("data", "code"), EDGES)
+@pytest.mark.parametrize("step", STEPS)
+def test_both_readers_draw_the_same_line_at_the_edges(
+    data: bytes, code: str | None, step: int
+) -> None:
+    limits = Limits(max_depth=32)
+    for reader in (read_events, read_body):
+        answer = outcome(reader, data, step, limits)
+        assert answer[0] == ("ok" if code is None else "refused"), (reader, answer)
+        if code is not None:
+            assert answer[3] == code, answer
+    line = data.replace(b'{"items":[', b'{"custom_id":"x","v":[', 1)
+    whole = Limits(32, 1024, 1 << 62, 1 << 62, None)
+    try:
+        read_object(line, whole)
+        got = None
+    except InputError as error:
+        got = error.code
+    assert got == code
+
+
+def test_a_long_run_of_whitespace_is_not_held_by_the_fast_reader(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fast reader keeps its text from the last point the exact reader could start from,
+    copied on every chunk: whitespace past READ_AHEAD goes to the exact reader, so what it
+    holds stays bounded (and its work linear) however long the run."""
+    resumes = _handed_on(monkeypatch)
+    held: list[int] = []
+    more = guard_fast._Reader.more
+
+    def recording(self: Any) -> bool:
+        held.append(len(self.text))
+        return more(self)
+
+    monkeypatch.setattr(guard_fast._Reader, "more", recording)
+    space = b" \n\t" * (1 << 20)  # 3 MiB
+    items = b'{"prompt":"a"}'
+    for data in (space + b'{"items":[' + items + b"]}", b'{"items":[' + items + b"," + space
+                 + items + b"]}" + space):  # fmt: skip
+        resumes.clear()
+        held.clear()
+        read = [
+            v for kind, v in read_body(Trickle(data, 65536), Limits(max_depth=32)) if kind == "item"
+        ]  # type: ignore[arg-type]
+        assert read == [{"prompt": "a"}] * data.count(items)
+        assert resumes  # handed on
+        assert max(held) <= guard_fast.READ_AHEAD + 2 * guard_fast.CHUNK
