@@ -36,6 +36,17 @@ _PAIR = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}
 _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _PAIR_LEN = 12
 _NOT_JSON = re.compile(rb"[\x0b\x0c]")
+# What the parser is handed at a time. Larger than ijson's 64 KiB: a value that spans buffers
+# is read again from its start with each (Guard.run_limit), so the longest string the limits
+# allow costs sixteen times less.
+PARSE_CHUNK = 1 << 20
+_UNBOUNDED = 1 << 40  # a limit this large is none (tests, whole files)
+
+
+class _LongRun(Exception):
+    def __init__(self, length: int):
+        super().__init__(length)
+        self.length = length
 
 
 class Guard:
@@ -57,11 +68,19 @@ class Guard:
         self.held = b""  # the start of an escape cut by a chunk boundary, not yet handed on
         self.chunk = b""  # the last chunk handed to the parser
         self.chunk_start = 0
+        # yajl reads a token that spans its buffers again from its start with every buffer,
+        # so one long token costs time in the square of its length (a 32 MB number, 48 s of
+        # CPU). The reader notes where the parser stood at its last event (`event_at`); a
+        # run of more than `run_limit` bytes since is refused before the next read.
+        self.run_limit: int | None = None
+        self.event_at = base
         self.eof = False
 
     def read(self, size: int = -1) -> bytes:
         if size == 0:
             return b""
+        if self.run_limit is not None and self.given - self.event_at > self.run_limit:
+            raise _LongRun(self.given - self.event_at)
         while True:
             raw = self.stream.read(size)
             self._check_utf8(raw)
@@ -324,8 +343,13 @@ def read_events(
     values = chars = 0
     where = ""
     done = False
+    # No string the limits allow is longer than this (a character is at most a 6-byte escape):
+    # a longer run without an event is refused as it grows (Guard.run_limit).
+    if max_chars < _UNBOUNDED:
+        guard.run_limit = 6 * max_chars + 2
     try:
-        for event, value in ijson.basic_parse(guard, use_float=True):
+        for event, value in ijson.basic_parse(guard, use_float=True, buf_size=PARSE_CHUNK):
+            guard.event_at = guard.given
             if event == "map_key":
                 frame = stack[-1]
                 frame.key = None  # the path of a bad key is its map's
@@ -444,6 +468,14 @@ def read_events(
                     values = chars = 0
                 else:
                     yield "field", (parent.key, value)
+    except _LongRun as error:
+        shown = where or _path(stack) or "request body"
+        raise bad(
+            f"{shown}: {error.length} bytes without the end of a value, longer than any string"
+            f" of {max_chars} characters (MAX_ITEM_CHARS) can be",
+            shown if shown != "request body" else None,
+            "item_too_large",
+        ) from None
     except ijson.JSONError as error:
         reason = str(error.args[0] if error.args else "")
         if "overflow" in reason and stack:  # a number yajl cannot hold, at the current field

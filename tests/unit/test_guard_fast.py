@@ -257,3 +257,42 @@ def test_a_long_run_of_whitespace_is_not_held_by_the_fast_reader(
         assert read == [{"prompt": "a"}] * data.count(items)
         assert resumes  # handed on
         assert max(held) <= guard_fast.READ_AHEAD + 2 * guard_fast.CHUNK
+
+
+LONG_RUNS = [
+    b'"' + b"x" * (4 << 20) + b'"',  # a string
+    b"1" * (4 << 20),  # a number
+    b'"' + b"\\n" * (2 << 20) + b'"',  # a string of escapes
+    b" " * (4 << 20) + b"1",  # whitespace
+]
+
+
+@pytest.mark.parametrize("token", LONG_RUNS, ids=["string", "number", "escapes", "whitespace"])
+@pytest.mark.parametrize("reader", [read_events, read_body])
+def test_a_run_longer_than_any_allowed_string_is_refused_as_it_grows(
+    token: bytes, reader: Any
+) -> None:
+    """yajl reads a token that spans its buffers again from its start with each one: a run of
+    bytes without a value's end, past what the longest allowed string can take, is refused
+    before the rest of it is read (and read again)."""
+    limits = Limits(max_depth=32, max_chars=100_000)
+    data = b'{"items":[{"prompt":"a"},{"prompt":' + token + b"}]}"
+    stream = Trickle(data, 1 << 20)
+    with pytest.raises(InputError) as refused:
+        list(reader(stream, limits))
+    assert (refused.value.code, refused.value.param) == ("item_too_large", "items[1]")
+    assert "MAX_ITEM_CHARS" in refused.value.message
+    # Refused within a buffer or two of the limit: most of the run was never read.
+    assert stream.pos <= 6 * 100_000 + 3 * (1 << 20) < len(data)
+
+
+def test_the_longest_allowed_string_is_read() -> None:
+    limits = Limits(max_depth=32, max_chars=100_000)
+    text = "é" * (100_000 - len("prompt"))  # a key's characters count too
+    data = json.dumps({"items": [{"prompt": text}]}).encode()  # \u00e9: 6 bytes a character
+    assert len(data) > 6 * 99_000
+    for reader in (read_events, read_body):
+        assert list(reader(Trickle(data, 65536), limits)) == [  # type: ignore[arg-type]
+            ("items", None),
+            ("item", {"prompt": text}),
+        ]
