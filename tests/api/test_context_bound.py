@@ -3,7 +3,9 @@ workers recorded (thinkbatch/jobs/context.py), and that bound never exceeds a re
 
 from __future__ import annotations
 
+import json
 import string
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -12,6 +14,9 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from tests.helpers import TENANT
+from tests.helpers import keyed_client
+from tests.helpers import make_key
 from thinkbatch import ledger
 from thinkbatch.jobs import ItemIn
 from thinkbatch.jobs import Message
@@ -169,3 +174,35 @@ def test_the_bound_never_exceeds_the_demo_tokenizers_count() -> None:
         assert bound.floor(item) <= real
 
     check()
+
+
+OTHER = "tiny-b"
+LONG = {"messages": [{"role": "user", "content": "x" * 400}]}  # at least 100 tokens of 4 bytes
+
+
+@pytest.mark.parametrize("model_first", [True, False])
+def test_an_item_is_bounded_by_the_model_its_job_names(
+    make_app: Any, db: sa.Engine, model_first: bool
+) -> None:
+    """Items that name no model run on the job's: the job's model decides their bound, whether
+    the body names it before its items or after them (a streamed body may do either)."""
+    _worker(db, "w-small")  # thinkbatch-demo: 64 tokens
+    with db.begin() as conn:
+        shape = {"max_model_len": 100_000, "token_bytes_max": 4, "message_tokens_min": 3}
+        ledger.register_worker(conn, "w-big", hostname="h", pid=2, model=OTHER, **shape)
+    client = keyed_client(make_app(served_models=["thinkbatch-demo", OTHER]), make_key(db, TENANT))
+
+    def submit(model: str) -> Any:
+        fields = [("model", model), ("items", [{"prompt": "fine"}, LONG])]
+        body = dict(fields if model_first else fields[::-1])
+        return client.post("/v1/jobs", data=json.dumps(body), content_type="application/json")
+
+    accepted = submit(OTHER)
+    assert accepted.status_code == 201, accepted.json
+    refused = submit("thinkbatch-demo")
+    assert refused.status_code == 400
+    assert (refused.json["error"]["param"], refused.json["error"]["code"]) == (
+        "items[1].messages",
+        "prompt_too_long",
+    )
+    assert "context is 64 tokens" in refused.json["error"]["message"]

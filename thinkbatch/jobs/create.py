@@ -102,10 +102,17 @@ class ItemRows:
         job_params: SamplingParamsIn | None = None,
         fleet: Fleet | None = None,
         bounds: dict[str, ContextBound | None] | None = None,
+        default_model: str | None = None,
     ):
         self.job_id = job_id
         self.settings = settings
         self.context = context  # None: no live worker told the model's bound
+        # A streamed body may name the job's model after its items: until it is known
+        # (`use_model`), an item that names none is checked against every model's bound and
+        # the first refusal for each is kept, for `finish` to raise for the job's model. None:
+        # the job's model was known from the start (`context` is its bound).
+        self._default_model = default_model
+        self._refusals: dict[str, InputError] | None = {} if default_model is not None else None
         self.job_params = job_params
         self.fleet = fleet or Fleet(settings.configured_models)
         # The context bound of each model an item may name (read before the items stream).
@@ -234,10 +241,19 @@ class ItemRows:
             code="duplicate_custom_id",
         )
 
+    def use_model(self, name: str) -> None:
+        """The job's model, known before its items come: each is checked against its bound."""
+        self.context = self._bounds.get(name)
+        self._refusals = None
+
     def finish(self, header: JobHeader) -> None:
         """The checks that need the job's params and every item (streamed in any order)."""
         self.budgets.finish(header.params)
         self.combos.finish(header.params)
+        if self._refusals is not None:
+            refused = self._refusals.get(header.model or self._default_model or "")
+            if refused is not None:
+                raise refused
 
     def _check_size(self, index: int, item: ItemIn) -> None:
         # Bounded here, at submit: a 5 MB prompt would cost the worker seconds of tokenizing
@@ -255,9 +271,15 @@ class ItemRows:
                 param=param,
                 code="prompt_too_large",
             )
+        if item.model is None and self._refusals is not None:
+            for name, bound in self._bounds.items():
+                if bound is not None and name not in self._refusals:
+                    if (why := bound.refusal(item)) is not None:
+                        self._refusals[name] = _too_long(param, why)
+            return
         context = self._context(item.model)
         if context is not None and (why := context.refusal(item)) is not None:
-            raise InputError(f"{param}: {why}", param=param, code="prompt_too_long")
+            raise _too_long(param, why)
 
     def _context(self, model: str | None) -> ContextBound | None:
         if model is None:
@@ -314,3 +336,7 @@ def fanout(items: int, settings: Settings) -> int:
     workers join a big job while a small one costs one message. A worker that already drives
     the job drops an extra message at once."""
     return max(1, min(settings.job_fanout, math.ceil(items / settings.fanout_items)))
+
+
+def _too_long(param: str, why: str) -> InputError:
+    return InputError(f"{param}: {why}", param=param, code="prompt_too_long")

@@ -144,6 +144,9 @@ class JobService:
                         fields[key] = raw
                     elif kind == "items":
                         saw_items = True
+                        model = fields.get("model")
+                        if isinstance(model, str):  # named before the items: check them by it
+                            rows.use_model(model)
                     else:
                         yield rows.row(rows.count, create.parse_item(rows.count, value))
 
@@ -279,6 +282,8 @@ class JobService:
                 header.params if header is not None else None,
                 fleet=fleet,
                 bounds=bounds,
+                # A streamed body's model may come after its items (ItemRows.use_model).
+                default_model=job.model if header is None else None,
             )
             header = fill(conn, rows)
             create.check_header(header, settings, fleet)
