@@ -440,3 +440,24 @@ def test_reading_a_finished_batch_writes_nothing(client: FlaskClient, db: sa.Eng
     content = client.get(f"/v1/files/{shown['output_file_id']}/content")
     assert content.headers["Content-Length"] == str(output.json["bytes"]) == str(len(content.data))
     assert len(content.data.splitlines()) == 5
+
+
+def test_vllms_ignore_eos_and_an_echoed_refusal_are_accepted(
+    client: FlaskClient, db: sa.Engine
+) -> None:
+    """A line takes what a job takes (`ignore_eos`), and an assistant message echoed back
+    from an earlier completion carries OpenAI's `refusal` field."""
+    turns = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello", "refusal": None},
+        {"role": "user", "content": "again"},
+    ]
+    batch = create(
+        client, upload(client, jsonl(line("eos", ignore_eos=True, messages=turns))).json["id"]
+    )
+    assert batch.status_code == 200, batch.json
+    assert batch.json["request_counts"]["failed"] == 0, batch.json
+    stored = _items(db, _job_id(batch))["eos"]
+    assert stored.status == "pending"
+    assert stored.params == {"ignore_eos": True}
+    assert [m["content"] for m in stored.messages] == ["hi", "hello", "again"]

@@ -67,6 +67,7 @@ _SAMPLING = (
     "logit_bias",
     "stop_token_ids",
     "include_stop_str_in_output",
+    "ignore_eos",
     "response_format",
     "structured_outputs",
     "reasoning_effort",
@@ -91,6 +92,8 @@ class _ChatMessage(BaseModel):
     name: str | None = Field(None, description="Accepted; the chat template does not use it.")
     tool_calls: Any = None
     tool_call_id: Any = None
+    # What an earlier completion's assistant message carries when a batch echoes it back.
+    refusal: str | None = Field(None, description="Accepted; the chat template does not use it.")
 
 
 class _TemplateKwargs(BaseModel):
@@ -124,6 +127,7 @@ class _Body(BaseModel):
     logit_bias: Any = None
     stop_token_ids: Any = None
     include_stop_str_in_output: Any = None
+    ignore_eos: Any = None
     logprobs: Any = None
     response_format: Any = None
     structured_outputs: Any = None
