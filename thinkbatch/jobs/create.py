@@ -84,6 +84,7 @@ class RefusedItem:
     code: str
     message: str
     param: str | None = None
+    model: str | None = None  # what the request named, shown in its record; it never runs
 
 
 class ItemRows:
@@ -103,8 +104,11 @@ class ItemRows:
         fleet: Fleet | None = None,
         bounds: dict[str, ContextBound | None] | None = None,
         default_model: str | None = None,
+        stored_at: datetime | None = None,
     ):
         self.job_id = job_id
+        # When a refused item finished: its job's creation, on the database's clock.
+        self.stored_at = stored_at
         self.settings = settings
         self.context = context  # None: no live worker told the model's bound
         # A streamed body may name the job's model after its items: until it is known
@@ -210,8 +214,8 @@ class ItemRows:
             item.code,
             item.message,
             item.param,
-            datetime.now(UTC),
-            None,
+            self.stored_at or datetime.now(UTC),
+            item.model,
             None,
         )
 
@@ -293,13 +297,32 @@ class ItemRows:
             names.add(job_model)
         return sorted(names)
 
+    def check_default_model(self, header: JobHeader) -> None:
+        """Items that name no model, in a job that names none, run on the deployment's MODEL:
+        refused, as a named one is, when the fleet is configured without it (SERVED_MODELS)
+        and no live worker serves it; no worker would ever claim them."""
+        if header.model is not None or not self.job_model_items:
+            return
+        default = self.settings.model_name
+        if default in self.fleet.configured or default in self.fleet.live:
+            return
+        served = ", ".join(repr(name) for name in self.fleet.names())
+        raise InputError(
+            f"model: the job names no model, and the deployment's default {default!r} (MODEL) "
+            f"is not one it serves; name one of {served}",
+            param="model",
+            code="model_not_found",
+        )
+
     def job_model(self, header: JobHeader) -> str:
-        """The job's model: its header's; else the one model all its items name; else the
-        deployment's."""
+        """The job's model: its header's; else, when every item names one, the model most of
+        them name; else the deployment's (MODEL), which `check_default_model` checks."""
         if header.model is not None:
             return header.model
-        if not self.job_model_items and len(self.by_model) == 1:
-            return next(iter(self.by_model))
+        if not self.job_model_items and self.by_model:
+            # No item runs on a default: the name most of them run on (the first such name in
+            # order on a tie), never a model none of them names.
+            return min(self.by_model, key=lambda name: (-self.by_model[name], name))
         return self.settings.model_name
 
 

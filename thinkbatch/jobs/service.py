@@ -20,7 +20,6 @@ from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC
 from datetime import datetime
 from datetime import timedelta
 from typing import IO
@@ -235,11 +234,11 @@ class JobService:
         `failed` with the errors and no item, so that it can be shown and retried by key."""
         with self.sessions() as session, session.begin():
             conn = session.connection()
-            ledger.lock_tenant(conn, caller.tenant)
+            now = ledger.lock_tenant(conn, caller.tenant)
             found = self._replay(session, caller, idempotency_key, digest)
             if found is not None:
                 return found
-            job = self._new_job(caller, idempotency_key, digest, origin, header)
+            job = self._new_job(caller, idempotency_key, digest, origin, header, now)
             ledger.insert_refused_job(conn, job, errors=errors, metadata=header.metadata)
         return Submitted(self._load(job.id), replayed=False)
 
@@ -259,13 +258,13 @@ class JobService:
             conn = session.connection()
             # The tenant's submissions are serialized from here to the commit, so that its
             # quotas and keys hold under parallel submits; the cheap checks come first.
-            ledger.lock_tenant(conn, caller.tenant)
+            now = ledger.lock_tenant(conn, caller.tenant)
             found = self._replay(session, caller, key, digest)
             if found is not None:
                 return found
             quotas.check_submission_rate(conn, caller.tenant, settings)
             quotas.check_unfinished_items(conn, caller.tenant, 1, settings)
-            job = self._new_job(caller, key, digest, origin, None)
+            job = self._new_job(caller, key, digest, origin, None, now)
             ledger.insert_job(conn, job)
             fleet = Fleet.read(conn, settings)
             # Every name's context bound, read before the items stream: the connection is busy
@@ -284,10 +283,12 @@ class JobService:
                 bounds=bounds,
                 # A streamed body's model may come after its items (ItemRows.use_model).
                 default_model=job.model if header is None else None,
+                stored_at=job.created_at,
             )
             header = fill(conn, rows)
             create.check_header(header, settings, fleet)
             rows.finish(header)
+            rows.check_default_model(header)
             # Refused items never run: the quota counts the ones that will.
             _, runnable = ledger.stored_items(conn, job.id)
             quotas.check_unfinished_items(conn, caller.tenant, runnable, settings, exclude=job.id)
@@ -325,8 +326,8 @@ class JobService:
         digest: bytes | None,
         origin: Origin | None,
         header: JobHeader | None,
+        now: datetime,
     ) -> NewJob:
-        now = datetime.now(UTC)
         window = (header.completion_window if header else None) or (
             self.settings.default_completion_window_s
         )

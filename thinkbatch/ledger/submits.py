@@ -24,12 +24,17 @@ _COPY_ITEMS = (
 )
 
 
-def lock_tenant(conn: sa.Connection, tenant: str) -> None:
-    """Until the transaction ends, this tenant's other submissions wait here."""
-    conn.execute(
-        sa.text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+def lock_tenant(conn: sa.Connection, tenant: str) -> datetime:
+    """Until the transaction ends, this tenant's other submissions wait here. Returns the
+    transaction's time (its first statement is this one), which a job stored in it is created
+    at: every other time the transaction writes (a refused job's `finished_at`) is the same
+    database clock's now(), so none of them is ever earlier than the job's creation, whatever
+    the wait for the lock and whatever the API host's clock says."""
+    now: datetime = conn.execute(
+        sa.text("SELECT now() FROM pg_advisory_xact_lock(hashtextextended(:key, 0))"),
         {"key": f"thinkbatch-tenant:{tenant}"},
-    )
+    ).scalar_one()
+    return now
 
 
 @dataclass(frozen=True, slots=True)

@@ -224,10 +224,13 @@ def request_param(param: str | None, renames: dict[str, str] | None = None) -> s
 
 
 def refusal(
-    custom_id: str, error: InputError, renames: dict[str, str] | None = None
+    custom_id: str,
+    error: InputError,
+    renames: dict[str, str] | None = None,
+    model: str | None = None,
 ) -> RefusedItem:
-    """A bad request body as the refused item that stands for its line. The message starts with
-    the field as OpenAI names it, like the param."""
+    """A bad request body as the refused item that stands for its line (`model`: what its body
+    names). The message starts with the field as OpenAI names it, like the param."""
     param = request_param(error.param, renames)
     message = error.message
     if error.param is not None and message.startswith(f"{error.param}: "):
@@ -238,7 +241,7 @@ def refusal(
         message = message[len("body: ") :]
     if error.code == "extra_forbidden":
         message = f"{param}: unknown parameter: not supported by this server"
-    return RefusedItem(custom_id, openai_code(error.code), message, param)
+    return RefusedItem(custom_id, openai_code(error.code), message, param, model)
 
 
 def parse_line(raw: bytes, endpoint: str, limits: Limits) -> ParsedLine:
@@ -275,11 +278,9 @@ def parse_line(raw: bytes, endpoint: str, limits: Limits) -> ParsedLine:
     try:
         item = _item(line.custom_id, body, endpoint, renames)
     except InputError as error:
+        named = model if isinstance(model, str) else None
         return ParsedLine(
-            line.custom_id,
-            model if isinstance(model, str) else None,
-            refusal(line.custom_id, error, renames),
-            renames,
+            line.custom_id, named, refusal(line.custom_id, error, renames, named), renames
         )
     return ParsedLine(line.custom_id, model, item, renames)
 
