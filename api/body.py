@@ -24,6 +24,8 @@ from api.intake import REFUSAL
 from api.intake import Refusal
 from api.openapi import Query
 from thinkbatch.errors import InputError
+from thinkbatch.guard import Limits
+from thinkbatch.guard import read_object
 from thinkbatch.settings import Settings
 
 CHUNK = 64 * 1024
@@ -65,16 +67,51 @@ def require_json(*, body_required: bool = True) -> None:
     keeps a web page from submitting jobs to a local API on its visitor's behalf. A route whose
     body is optional (cancel) accepts a request with no body and no Content-Type.
     """
-    has_body = (
-        bool(request.content_length)
-        or "chunked" in request.headers.get("Transfer-Encoding", "").lower()
-    )
-    if not body_required and not has_body and not request.content_type:
+    if not body_required and not _has_body() and not request.content_type:
         return
     charset = request.mimetype_params.get("charset", "utf-8").lower()
     if request.mimetype != JSON or charset not in _UTF8:
         raise UnsupportedMediaType(
             "the body must be JSON: send Content-Type: application/json (charset utf-8)"
+        )
+
+
+def _has_body() -> bool:
+    return (
+        bool(request.content_length)
+        or "chunked" in request.headers.get("Transfer-Encoding", "").lower()
+    )
+
+
+# The most a body of no fields may take: `{}` and whitespace, with room to spare.
+NO_FIELDS_MAX = 1024
+
+
+def no_fields(settings: Settings) -> None:
+    """The body of a request that takes no fields (a cancel): none, empty, or a JSON object
+    with no field. Anything else is a 400 naming what is wrong with it, rather than ignored: a
+    client sending `{"custom_ids": [...]}` believes it asks for less than the whole job."""
+    require_json(body_required=False)
+    if not _has_body():
+        return
+    with spool(settings) as body:
+        raw = body.read(NO_FIELDS_MAX + 1)
+    if len(raw) > NO_FIELDS_MAX:
+        raise InputError(
+            f"request body: this request takes no fields; send none or {{}}, "
+            f"not {NO_FIELDS_MAX} bytes or more",
+            code="request_entity_too_large",
+            status=413,
+        )
+    if not raw.strip():
+        return
+    data = read_object(raw, Limits.of(settings, items_key=None))
+    if data:
+        name = next(iter(data))
+        raise InputError(
+            f"{name}: unknown field: this request takes no fields (send none or {{}})",
+            param=name,
+            code="unknown_field",
         )
 
 

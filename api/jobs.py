@@ -11,6 +11,7 @@ from api import params
 from api.auth import caller
 from api.body import IDEMPOTENCY
 from api.body import idempotency_key
+from api.body import no_fields
 from api.body import replayed_header
 from api.body import require_json
 from api.body import spool
@@ -175,15 +176,15 @@ def results(job_id: str) -> Response:
 @bp.post("/<job_id>/cancel")
 @describe(
     Doc(
-        summary="Cancel a queued or running job (no body).",
+        summary="Cancel a queued or running job (no body, or {}).",
         responses={200: JobOut},
-        errors=(404, 409, 415),
+        errors=(400, 404, 409, 413, 415),
         tags=("jobs",),
     )
 )
 def cancel(job_id: str) -> Response:
     svc = services()
-    require_json(body_required=False)
+    no_fields(svc.settings)
     key = parse_job_id(job_id)
     svc.jobs.cancel(caller(), key)
     return json_reply(svc.jobs.status(caller(), key))

@@ -12,6 +12,8 @@ from api import params
 from api.auth import caller
 from api.body import IDEMPOTENCY
 from api.body import idempotency_key
+from api.body import no_fields
+from api.body import replayed_header
 from api.body import require_json
 from api.body import spool
 from api.openapi import Doc
@@ -74,8 +76,8 @@ def _body() -> BatchCreate:
 def create() -> Response:
     svc = services()
     key = idempotency_key()
-    job = service.create_batch(svc.jobs, caller(), _body(), idempotency_key=key)
-    return json_reply(service.batch_view(job))
+    made = service.create_batch(svc.jobs, caller(), _body(), idempotency_key=key)
+    return json_reply(service.batch_view(made.job), headers=replayed_header(made.replayed))
 
 
 @bp.get("/v1/batches")
@@ -112,16 +114,16 @@ def get(batch_id: str) -> Response:
 @bp.post("/v1/batches/<batch_id>/cancel")
 @describe(
     Doc(
-        summary="Cancel a batch in progress (no body). A finished batch is a 400.",
+        summary="Cancel a batch in progress (no body, or {}). A finished batch is a 400.",
         path=BATCH_ID,
         responses={200: Batch},
-        errors=(400, 404, 415),
+        errors=(400, 404, 413, 415),
         tags=("openai",),
     )
 )
 def cancel(batch_id: str) -> Response:
     svc = services()
-    require_json(body_required=False)
+    no_fields(svc.settings)
     job = service.cancel_batch(svc.jobs, caller(), service.parse_batch_id(batch_id))
     return json_reply(service.batch_view(job))
 

@@ -125,7 +125,7 @@ def upload() -> Response:
 )  # fmt: skip
 def list_() -> Response:
     svc = services()
-    order = params.single("order") or "desc"
+    order = params.single("order") or "desc"  # absent: newest first (empty is refused)
     if order not in ("asc", "desc"):
         raise InputError("order: must be asc or desc", param="order")
     after, limit = params.after(), params.limit(MAX_LIST, MAX_LIST)

@@ -28,12 +28,16 @@ _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}
 
 def single(name: str) -> str | None:
     """The parameter's one value, or None when absent. Given twice, which one would win is
-    a guess, so it is refused; so is a NUL, which no stored value (Postgres text) can hold."""
+    a guess, so it is refused; so is a NUL, which no stored value (Postgres text) can hold, and
+    an empty value (`?status=`), which would otherwise read as the parameter left out: every
+    item where the caller asked for some."""
     values = request.args.getlist(name)
     if not values:
         return None
     if len(values) > 1:
         raise InputError(f"{name}: given {len(values)} times; give it once", param=name)
+    if not values[0]:
+        raise InputError(f"{name}: empty; give a value or leave the parameter out", param=name)
     return check_text(values[0], name)
 
 
@@ -52,7 +56,7 @@ def limit(default: int = DEFAULT_PAGE, most: int = MAX_PAGE) -> int:
 
 def after() -> str | None:
     """`after`: the last id of the page before (its kind is the route's to check), or None."""
-    return single("after") or None
+    return single("after")
 
 
 def job_cursor() -> uuid.UUID | None:

@@ -173,7 +173,7 @@ def parse_job_id(raw: str) -> uuid.UUID:
 
 
 def parse_item_status(raw: str | None) -> ItemStatus | None:
-    if not raw:
+    if raw is None:
         return None
     try:
         return ItemStatus(raw)
@@ -204,7 +204,8 @@ def list_jobs(
     if batches_only:
         query = query.where(Job.endpoint.is_not(None))
     if after is not None:
-        anchor = session.scalar(sa.select(Job).where(Job.id == after, Job.tenant == caller.tenant))
+        # The anchor is one of the jobs listed: a native job is no cursor of the batches.
+        anchor = session.scalar(query.where(Job.id == after))
         if anchor is None:
             raise InputError(f"after: no job {str(after)!r}", param="after")
         query = query.where(

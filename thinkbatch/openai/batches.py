@@ -34,12 +34,14 @@ from thinkbatch.errors import BatchNotFound
 from thinkbatch.errors import Conflict
 from thinkbatch.errors import FileNotFound
 from thinkbatch.errors import InputError
+from thinkbatch.errors import NotFound
 from thinkbatch.guard import Limits
 from thinkbatch.jobs import ItemIn
 from thinkbatch.jobs import JobHeader
 from thinkbatch.jobs import JobService
 from thinkbatch.jobs import Origin
 from thinkbatch.jobs import RefusedItem
+from thinkbatch.jobs import Submitted
 from thinkbatch.jobs import digest_of
 from thinkbatch.jobs import result_rows
 from thinkbatch.keys import Caller
@@ -177,7 +179,9 @@ class _Lines:
             self.error(error)
             return None
         assert item.custom_id == self.current.custom_id
-        return lines.refusal(self.current.custom_id, error, self.current.renames)
+        return lines.refusal(
+            self.current.custom_id, error, self.current.renames, self.current.model
+        )
 
     def error(self, error: InputError) -> None:
         self.errors.append(
@@ -188,9 +192,9 @@ class _Lines:
 
 def create_batch(
     jobs: JobService, caller: Caller, spec: BatchCreate, *, idempotency_key: str | None
-) -> Job:
+) -> Submitted:
     """Store a batch; a repeated Idempotency-Key with the same request answers the batch it
-    made (and with another request is a 400)."""
+    made (`replayed`), and with another request is a 400."""
     settings = jobs.settings
     seconds = window_seconds(spec.completion_window, settings)
     digest = digest_of(spec.model_dump_json().encode())
@@ -234,19 +238,24 @@ def create_batch(
             idempotency_key=idempotency_key,
             digest=digest,
         )
-        return made.job
+        return made
     # Every line refused: the job finished as it was stored, and nothing else will make its
     # files.
     if made.job.status in TERMINAL_JOB_STATUSES and make_files(jobs.engine, made.job.id):
-        return jobs.get(caller, made.job.id)
-    return made.job
+        return Submitted(jobs.get(caller, made.job.id), replayed=made.replayed)
+    return made
 
 
 # --- read -------------------------------------------------------------------------------------
 
 
 def get_batch(jobs: JobService, caller: Caller, key: uuid.UUID) -> Job:
-    job = jobs.get(caller, key)  # scoped by tenant
+    """The caller's batch: a job of another tenant, none at all and a native job alike are
+    no batch of that id (the batch's own error, naming the id asked for)."""
+    try:
+        job = jobs.get(caller, key)  # scoped by tenant
+    except NotFound:
+        raise BatchNotFound(batch_id(key)) from None
     if job.endpoint is None:
         raise BatchNotFound(batch_id(key))
     return job
@@ -254,7 +263,7 @@ def get_batch(jobs: JobService, caller: Caller, key: uuid.UUID) -> Job:
 
 def list_batches(jobs: JobService, caller: Caller, *, after: str | None, limit: int) -> BatchList:
     anchor = None
-    if after:
+    if after is not None:
         match = _BATCH_ID.fullmatch(after)
         if match is None:
             raise InputError(f"after: no batch {after!r}", param="after")
@@ -286,8 +295,10 @@ def cancel_batch(jobs: JobService, caller: Caller, key: uuid.UUID) -> Job:
         job = jobs.cancel(caller, key)
     except Conflict as error:  # finished between the read and the lock
         raise InputError(str(error), code="batch_not_cancellable") from None
+    except NotFound:
+        raise BatchNotFound(batch_id(key)) from None
     if job.status in TERMINAL_JOB_STATUSES and make_files(jobs.engine, key):
-        job = jobs.get(caller, key)
+        job = get_batch(jobs, caller, key)
     return job
 
 

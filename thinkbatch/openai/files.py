@@ -247,11 +247,13 @@ def list_files(
     purpose: str | None,
 ) -> FileList:
     query = sa.select(File).where(*_visible(caller))
-    if purpose:
+    if purpose is not None:
         query = query.where(File.purpose == purpose)
     newest_first = order == "desc"
     key = (File.created_at, File.id)
-    if after:
+    if after is not None:
+        # Any file of the caller's, deleted ones too: a script that lists a page, deletes its
+        # files and asks for the page after the last one must get that page.
         anchor = session.scalar(
             sa.select(File).where(File.id == parse_after(after), File.tenant == caller.tenant)
         )
