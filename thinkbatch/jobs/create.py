@@ -13,7 +13,6 @@ import math
 import sys
 import uuid
 from dataclasses import dataclass
-from datetime import UTC
 from datetime import datetime
 from typing import Any
 
@@ -104,7 +103,8 @@ class ItemRows:
         fleet: Fleet | None = None,
         bounds: dict[str, ContextBound | None] | None = None,
         default_model: str | None = None,
-        stored_at: datetime | None = None,
+        *,
+        stored_at: datetime,
     ):
         self.job_id = job_id
         # When a refused item finished: its job's creation, on the database's clock.
@@ -214,7 +214,7 @@ class ItemRows:
             item.code,
             item.message,
             item.param,
-            self.stored_at or datetime.now(UTC),
+            self.stored_at,
             item.model,
             None,
         )
@@ -258,6 +258,17 @@ class ItemRows:
             refused = self._refusals.get(header.model or self._default_model or "")
             if refused is not None:
                 raise refused
+        # Items that name no model, in a job that names none, run on the deployment's MODEL:
+        # refused as a named model is when the fleet neither is configured for it nor has a
+        # live worker of it; no worker would ever claim them.
+        if header.model is None and self.job_model_items:
+            default = self.settings.model_name
+            self.fleet.check(
+                default,
+                "model",
+                f"the job names no model, and the deployment's default {default!r} (MODEL) "
+                "is not one it serves",
+            )
 
     def _check_size(self, index: int, item: ItemIn) -> None:
         # Bounded here, at submit: a 5 MB prompt would cost the worker seconds of tokenizing
@@ -297,26 +308,9 @@ class ItemRows:
             names.add(job_model)
         return sorted(names)
 
-    def check_default_model(self, header: JobHeader) -> None:
-        """Items that name no model, in a job that names none, run on the deployment's MODEL:
-        refused, as a named one is, when the fleet is configured without it (SERVED_MODELS)
-        and no live worker serves it; no worker would ever claim them."""
-        if header.model is not None or not self.job_model_items:
-            return
-        default = self.settings.model_name
-        if default in self.fleet.configured or default in self.fleet.live:
-            return
-        served = ", ".join(repr(name) for name in self.fleet.names())
-        raise InputError(
-            f"model: the job names no model, and the deployment's default {default!r} (MODEL) "
-            f"is not one it serves; name one of {served}",
-            param="model",
-            code="model_not_found",
-        )
-
     def job_model(self, header: JobHeader) -> str:
         """The job's model: its header's; else, when every item names one, the model most of
-        them name; else the deployment's (MODEL), which `check_default_model` checks."""
+        them name; else the deployment's (MODEL), which `finish` checks is served."""
         if header.model is not None:
             return header.model
         if not self.job_model_items and self.by_model:

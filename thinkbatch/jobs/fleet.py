@@ -121,11 +121,13 @@ class Fleet:
         """Every name a job may ask for: the configured ones first, then any other served."""
         return [*self.configured, *sorted(set(self.live) - set(self.configured))]
 
-    def check(self, model: str, param: str) -> None:
+    def check(self, model: str, param: str, what: str | None = None) -> None:
+        """A model_not_found naming `param` unless `model` is configured or live; `what`
+        says what the name is, when the request did not give it."""
         if model not in self.configured and model not in self.live:
             served = ", ".join(repr(name) for name in self.names())
             raise InputError(
-                f"{param}: unknown model {model!r}; this deployment serves {served}",
+                f"{param}: {what or f'unknown model {model!r}'}; this deployment serves {served}",
                 param=param,
                 code="model_not_found",
             )

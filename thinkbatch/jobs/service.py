@@ -288,7 +288,6 @@ class JobService:
             header = fill(conn, rows)
             create.check_header(header, settings, fleet)
             rows.finish(header)
-            rows.check_default_model(header)
             # Refused items never run: the quota counts the ones that will.
             _, runnable = ledger.stored_items(conn, job.id)
             quotas.check_unfinished_items(conn, caller.tenant, runnable, settings, exclude=job.id)
