@@ -9,6 +9,12 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+# The codes of an item the engine refused as a request (worker.engine.ItemRejected): the
+# request itself can never run, so a retry, the worker's or a client's, gets the same refusal.
+# The OpenAI error file answers them 400, as it answers the refusals at submit.
+RejectionCode = Literal["invalid_request", "template_error", "grammar_error", "prompt_too_long"]
+REJECTION_CODES: frozenset[str] = frozenset(RejectionCode.__args__)  # type: ignore[attr-defined]
+
 
 class InputError(Exception):
     """The request (a body, a field, a line of a file) is not acceptable: a 4xx, never a 5xx.

@@ -57,8 +57,10 @@ StructuredKind = Literal["json", "json_object", "regex", "choice", "grammar"]
 
 @dataclass(frozen=True, slots=True)
 class Structured:
-    """One constraint on the answer, in the form the engine takes it. `spec` is canonical (a
-    schema's keys sorted), so that items sharing a schema share the engine's compiled grammar."""
+    """One constraint on the answer, in the form the engine takes it. `spec` is a schema's
+    compact JSON in the order it was sent: the grammar writes an object's properties in the
+    order they are listed (a schema putting `reasoning` before `answer` means it), so no key is
+    ever reordered. Items sending the same schema share the engine's compiled grammar."""
 
     kind: StructuredKind
     spec: str | list[str] | bool
@@ -109,7 +111,8 @@ def merge_layers(
 
 
 def _canonical(schema: Mapping[str, Any]) -> str:
-    return json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    # Never sort_keys: it would reorder `properties`, and with them the answer's fields.
+    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
 
 
 def _tool_call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:

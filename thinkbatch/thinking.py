@@ -30,24 +30,42 @@ class ThinkingSplit:
     thinking: str
     answer: str
     truncated: bool
+    # Characters between `</think>` and the answer that are neither: the line breaks the model
+    # writes after the block. The answer's logprobs skip the tokens that spell them.
+    separator: str = ""
+
+
+# What Qwen3 writes between `</think>` and the answer (its template's `</think>\n\n`). Only
+# line breaks: a space or an indent there is the answer's own (a completion's leading space,
+# the first line of indented code), and is kept.
+_SEPARATOR = "\r\n"
 
 
 def split_thinking(text: str, *, opened_in_prompt: bool = False) -> ThinkingSplit:
-    """Split generated `text`. `opened_in_prompt`: the prompt ended inside an open `<think>`."""
+    """Split generated `text`. `opened_in_prompt`: the prompt ended inside an open `<think>`.
+
+    The answer is the text as generated, save the line breaks that separate it from a closed
+    thinking block: its leading space, indentation, trailing text and any stop string kept by
+    `include_stop_str_in_output` stay, so that it matches its logprobs token by token. The
+    thinking is trimmed: it is prose for people, and no logprobs cover it.
+    """
     end = text.find(THINK_END)
     if end >= 0:
         thinking = text[:end]
-        answer = text[end + len(THINK_END) :]
+        rest = text[end + len(THINK_END) :]
+        answer = rest.lstrip(_SEPARATOR)
         stripped = thinking.lstrip()
         if stripped.startswith(THINK_START):
             thinking = stripped[len(THINK_START) :]
-        return ThinkingSplit(thinking.strip(), answer.strip(), truncated=False)
+        return ThinkingSplit(
+            thinking.strip(), answer, truncated=False, separator=rest[: len(rest) - len(answer)]
+        )
     stripped = text.lstrip()
     if stripped.startswith(THINK_START):
         return ThinkingSplit(stripped[len(THINK_START) :].strip(), "", truncated=True)
     if opened_in_prompt:
         return ThinkingSplit(text.strip(), "", truncated=True)
-    return ThinkingSplit("", text.strip(), truncated=False)
+    return ThinkingSplit("", text, truncated=False)
 
 
 def count_reasoning_tokens(

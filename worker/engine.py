@@ -15,6 +15,7 @@ from dataclasses import field
 from typing import Any
 from typing import Protocol
 
+from thinkbatch.errors import RejectionCode
 from thinkbatch.ledger import Claimed
 from thinkbatch.sampling import Sampling
 from thinkbatch.settings import Settings
@@ -31,7 +32,7 @@ class AdapterError(Exception):
 class ItemRejected(Exception):
     """This item can never succeed on this engine (e.g. its prompt is longer than the context)."""
 
-    def __init__(self, code: str, message: str):
+    def __init__(self, code: RejectionCode, message: str):
         super().__init__(message)
         self.code = code
         self.message = message
@@ -67,6 +68,19 @@ class Generation:
 
     def choices(self) -> list[Generation]:
         return [self, *(self.more or ())]
+
+
+def token_logprob(raw: bytes, logprob: float) -> dict[str, Any]:
+    """One token's log probability in OpenAI's shape, from the bytes the token stands for. A
+    token that holds only part of a multi-byte character has no text of its own: its `token` is
+    spelled `bytes:\\xNN...` as OpenAI spells it, and its `bytes` are its own, so that joining
+    the tokens' bytes gives the text's (a decoded U+FFFD would give other bytes, and make every
+    such token the same key of a completion's top_logprobs)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+    return {"token": text, "logprob": logprob, "bytes": list(raw)}
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,7 @@ from worker.engine import Prepared
 from worker.engine import SchedulerLoad
 from worker.engine import ThinkTokens
 from worker.engine import message_tokens_min
+from worker.engine import token_logprob
 
 SPECIAL = {"<|im_start|>": 1, "<|im_end|>": 2, "<think>": 3, "</think>": 4, "<|endoftext|>": 5}
 _NAMES = {v: k for k, v in SPECIAL.items()}
@@ -100,9 +101,11 @@ def render_chat(
 
 
 def _logprob(token: int, top: int) -> dict[str, Any]:
-    """A fixed log probability per token, in OpenAI's shape, with `top` alternatives."""
-    text = decode([token])
-    entry = {"token": text, "logprob": -0.25, "bytes": list(text.encode())}
+    """A fixed log probability per token, in OpenAI's shape, with `top` alternatives. A byte
+    token inside a multi-byte character is that one byte, as a real byte-level vocabulary's."""
+    raw = bytes([token - OFFSET]) if token >= OFFSET else b"" if token in _HIDDEN else (
+        _NAMES[token].encode())  # fmt: skip
+    entry = token_logprob(raw, -0.25)
     return {**entry, "top_logprobs": [entry] * top}
 
 

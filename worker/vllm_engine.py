@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import threading
 import time
 from collections.abc import Mapping
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 from vllm import SamplingParams
 from vllm.config import ReasoningConfig
 from vllm.config import StructuredOutputsConfig
@@ -37,6 +39,7 @@ from vllm.v1.metrics.loggers import PrometheusStatLogger
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from thinkbatch.ledger import Claimed
+from thinkbatch.errors import RejectionCode
 from thinkbatch.limits import SAMPLING_LIMITS
 from thinkbatch.sampling import Sampling
 from thinkbatch.sampling import Structured
@@ -55,6 +58,7 @@ from worker.engine import SchedulerLoad
 from worker.engine import SpeculativeStats
 from worker.engine import ThinkTokens
 from worker.engine import message_tokens_min
+from worker.engine import token_logprob
 from worker.engine import widest_token_bytes
 
 log = logging.getLogger(__name__)
@@ -202,11 +206,15 @@ def encode_ids(tokenizer: Any, texts: list[str], add_special_tokens: bool) -> li
 SPEC_LOG_INTERVAL_S = 60.0
 # OpenAI's stand-in for a log probability of minus infinity: JSON (and Postgres) hold no -inf.
 NEG_INF_LOGPROB = -9999.0
+# A byte-level BPE vocabulary spells each byte as one printable character (GPT-2's table, which
+# Qwen's tokenizer uses); transformers keeps the table beside its tokenizer converters.
+_BYTE_OF_CHAR = {char: byte for byte, char in bytes_to_unicode().items()}
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # a SentencePiece byte-fallback piece
 
 
 def structured_params(structured: Structured | None) -> StructuredOutputsParams | None:
-    """The engine's constraint for an answer. The spec is canonical (sampling.Structured), so
-    items sharing a schema hit the backend's compiled-grammar cache."""
+    """The engine's constraint for an answer. The spec is the schema's text as sent
+    (sampling.Structured), so items sending one schema hit the backend's compiled-grammar cache."""
     if structured is None:
         return None
     if structured.kind == "json":
@@ -220,7 +228,7 @@ def structured_params(structured: Structured | None) -> StructuredOutputsParams 
     return StructuredOutputsParams(grammar=str(structured.spec))
 
 
-def _refusal_code(sampling: Sampling, error: Exception | None = None) -> str:
+def _refusal_code(sampling: Sampling, error: Exception | None = None) -> RejectionCode:
     """The code of a request the engine refuses: its constraint (what only the grammar
     compiler can refuse; vLLM names no parameter for it), else its values."""
     if sampling.structured is None:
@@ -704,9 +712,24 @@ class VLLMEngine:
         return out
 
     def _token_entry(self, token_id: int, logprob: float | None) -> dict[str, Any]:
-        text = self._decode([token_id])
         value = NEG_INF_LOGPROB if logprob is None or not math.isfinite(logprob) else logprob
-        return {"token": text, "logprob": max(value, NEG_INF_LOGPROB), "bytes": list(text.encode())}
+        return token_logprob(self._token_bytes(token_id), max(value, NEG_INF_LOGPROB))
+
+    def _token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token stands for. Decoded on its own, a token inside a multi-byte
+        character is U+FFFD, whose bytes are not its own: those are read from its vocabulary
+        entry instead (a byte-level BPE's alphabet, as Qwen's, or a `<0xNN>` byte piece)."""
+        text = self._decode([token_id])
+        if "\ufffd" not in text:
+            return text.encode()
+        piece = self.tokenizer.convert_ids_to_tokens(token_id)
+        if isinstance(piece, str):
+            byte_piece = _BYTE_PIECE.fullmatch(piece)
+            if byte_piece is not None:
+                return bytes([int(byte_piece.group(1), 16)])
+            if all(c in _BYTE_OF_CHAR for c in piece):
+                return bytes(_BYTE_OF_CHAR[c] for c in piece)
+        return text.encode()  # a vocabulary of another kind: its decoded text is all there is
 
     def _decode(self, token_ids: list[int]) -> str:
         # As vLLM's detokenizer does by default: special tokens (the EOS) dropped. Qwen3's

@@ -92,3 +92,22 @@ def test_a_ready_worker_freezes_its_start_up_heap(
     # A full collection no longer walks them: they left the oldest generation for good.
     oldest = {id(o) for o in gc.get_objects(generation=2)}
     assert not any(id(k) in oldest for k in kept)
+
+
+@pytest.mark.slow
+def test_logprob_bytes_are_each_tokens_own(tokenizer: Any) -> None:
+    """Tokens inside a multi-byte character carry their own bytes, read from the byte-level
+    vocabulary, not the bytes of the U+FFFD they decode to: joined, they are the text's."""
+    from worker.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine.__new__(VLLMEngine)
+    engine.tokenizer = tokenizer
+    engine._backend = tokenizer.backend_tokenizer
+    text = TEXTS[5]
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    entries = [engine._token_entry(i, -1.0) for i in ids]
+    assert b"".join(bytes(e["bytes"]) for e in entries) == text.encode()
+    halves = [e for e in entries if e["token"].startswith("bytes:")]
+    assert halves, "the demo vocabulary splits some character of the text"
+    assert all("\ufffd" not in e["token"] for e in entries)
+    assert len({e["token"] for e in halves}) > 1  # not one key for every half-character

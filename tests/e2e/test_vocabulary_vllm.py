@@ -118,7 +118,10 @@ def test_every_schema_answer_parses_after_free_thinking(outputs: dict[str, ChatC
         message = outputs[f"schema-{k}"].choices[0].message
         assert message.reasoning, k  # type: ignore[attr-defined]
         assert "</think>" not in (message.content or "")
-        validate(json.loads(message.content or ""), SCHEMA)
+        answer = json.loads(message.content or "")
+        validate(answer, SCHEMA)
+        # The fields in the schema's order (verdict first), not sorted (score would be first).
+        assert list(answer) == list(SCHEMA["properties"]), answer
     # The same prompts without a schema: the model does not write JSON by itself.
     parsed = sum(_parses(outputs[f"control-{k}"].choices[0].message.content)
                  for k in range(N_CONTROL))  # fmt: skip
@@ -149,7 +152,9 @@ def test_logprobs_of_the_answer_tokens(outputs: dict[str, ChatCompletion]) -> No
     assert choice.logprobs is not None and choice.logprobs.content
     tokens = choice.logprobs.content
     assert all(len(t.top_logprobs) == 3 and t.logprob <= 0 for t in tokens)
-    assert "".join(t.token for t in tokens).strip() == (choice.message.content or "").strip()
+    # Every answer token and only those: their bytes join to the answer's, exactly.
+    joined = b"".join(bytes(t.bytes or ()) for t in tokens)
+    assert joined == (choice.message.content or "").encode()
 
 
 def test_a_named_tool_is_called_with_arguments_that_parse(

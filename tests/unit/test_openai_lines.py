@@ -16,6 +16,7 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
+from thinkbatch.errors import REJECTION_CODES
 from thinkbatch.errors import InputError
 from thinkbatch.guard import Limits
 from thinkbatch.jobs import ItemIn
@@ -25,6 +26,7 @@ from thinkbatch.openai import lines
 from thinkbatch.openai.lines import CHAT
 from thinkbatch.openai.lines import COMPLETIONS
 from thinkbatch.openai.lines import parse_line
+from worker.engine import token_logprob
 
 LINE = Limits(max_depth=32, items_key=None)
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -314,3 +316,27 @@ def test_an_engine_failure_is_a_500() -> None:
     out = rendered(r)
     assert out["response"]["status_code"] == 500
     assert out["response"]["body"]["error"]["type"] == "server_error"
+
+
+@pytest.mark.parametrize("code", sorted(REJECTION_CODES))
+def test_a_request_the_engine_refused_is_a_400_a_retry_would_not_change(code: str) -> None:
+    r = row("failed", error_code=code, error_message="xgrammar: cannot compile",
+            error_param=None)  # fmt: skip
+    out = rendered(r)
+    assert out["response"]["status_code"] == 400, code
+    assert out["response"]["body"]["error"]["type"] == "invalid_request_error"
+
+
+def test_legacy_offsets_count_characters_when_tokens_split_one() -> None:
+    # "é!" as a byte-level vocabulary may spell it: two tokens for the é, one for the "!".
+    parts = [b"\xc3", b"\xa9", b"!"]
+    entries = [token_logprob(p, -0.5) for p in parts]
+    assert [e["token"] for e in entries] == ["bytes:\\xc3", "bytes:\\xa9", "!"]
+    choices = [{**CHOICES[0], "answer": "é!",
+                "logprobs": [{**e, "top_logprobs": [e]} for e in entries]}]  # fmt: skip
+    out = rendered(row(choices=choices), COMPLETIONS)
+    body = Completion.model_validate(out["response"]["body"], strict=True)
+    lp = body.choices[0].logprobs
+    assert lp is not None and lp.text_offset == [0, 0, 1]
+    # Two different half-characters stay two keys of top_logprobs.
+    assert lp.top_logprobs is not None and len({k for t in lp.top_logprobs for k in t}) == 3

@@ -32,11 +32,22 @@ START, END, TURN, EOS = 3, 4, 1, 2
         # Only the first </think> splits; a later one belongs to the answer.
         ("<think>a</think>b </think> c", False, "a", "b </think> c", False),
         ("", False, "", "", False),
+        # The answer is kept as generated, save the line breaks after </think>: a leading
+        # space, indentation, trailing text and a kept stop string all stay.
+        (" Paris, France", False, "", " Paris, France", False),
+        ("<think>t</think>\n\n    def f():\n        pass\n", False, "t",
+         "    def f():\n        pass\n", False),
+        ("<think>t</think>\n\nDone. END", False, "t", "Done. END", False),
+        ("<think>t</think> spaced", False, "t", " spaced", False),
+        ("\n\nno thinking at all\n", False, "", "\n\nno thinking at all\n", False),
     ],
 )
 def test_split(text: str, opened: bool, thinking: str, answer: str, truncated: bool) -> None:
     split = split_thinking(text, opened_in_prompt=opened)
     assert (split.thinking, split.answer, split.truncated) == (thinking, answer, truncated)
+    # Nothing of the answer is lost: the separator and the answer are what followed </think>.
+    if "</think>" in text:
+        assert text.split("</think>", 1)[1] == split.separator + split.answer
 
 
 @pytest.mark.parametrize(

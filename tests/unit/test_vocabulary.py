@@ -58,6 +58,8 @@ def test_each_field_shapes_the_stored_result(harness: Harness) -> None:
          "params": {"response_format": {"type": "json_object"}}},
         {"custom_id": "n3", "messages": MSG, "params": {"n": 3}},
         {"custom_id": "lp", "messages": MSG, "params": {"logprobs": True, "top_logprobs": 2}},
+        {"custom_id": "lp-utf8", "messages": [{"role": "user", "content": "Ça va, 東京? 🙂"}],
+         "params": {"logprobs": True, "top_logprobs": 1}},
         {"custom_id": "tool", "messages": [{"role": "user", "content": "[[tool]] weather?"}],
          "params": {"tools": [WEATHER]}},
         {"custom_id": "named", "messages": MSG, "params": {"tools": [WEATHER], "tool_choice": {
@@ -84,7 +86,15 @@ def test_each_field_shapes_the_stored_result(harness: Harness) -> None:
 
     lp = got["lp"]["logprobs"]
     assert lp and all(len(t["top_logprobs"]) == 2 for t in lp)
-    assert "".join(t["token"] for t in lp).strip() == got["lp"]["answer"]  # the answer's only
+    # The answer's tokens only, and all of them: their texts join to the answer exactly.
+    assert "".join(t["token"] for t in lp) == got["lp"]["answer"]
+    # Characters split across tokens: each token's bytes are its own, and they join to the
+    # answer's; a half-character has no text of its own (OpenAI's `bytes:` spelling).
+    utf8 = got["lp-utf8"]
+    assert "京" in utf8["answer"] and "🙂" in utf8["answer"]
+    assert b"".join(bytes(t["bytes"]) for t in utf8["logprobs"]) == utf8["answer"].encode()
+    halves = [t["token"] for t in utf8["logprobs"] if t["token"].startswith("bytes:\\x")]
+    assert len(halves) >= 3 * 2 and "\ufffd" not in "".join(t["token"] for t in utf8["logprobs"])
 
     tool = got["tool"]
     assert tool["finish_reason"] == "tool_calls" and tool["answer"] == ""
@@ -149,16 +159,31 @@ def test_groups_replace_the_jobs_as_a_whole() -> None:
     assert not s.enable_thinking
 
 
-def test_items_sharing_a_schema_share_one_canonical_constraint() -> None:
+def test_a_schema_reaches_the_engine_in_the_order_it_was_sent() -> None:
     a = resolve_sampling({"response_format": JSON_SCHEMA}, None, default_max_tokens=8)
-    reordered = {
-        "required": SCHEMA["required"],
-        "type": "object",
-        "properties": SCHEMA["properties"],
-    }
-    fmt = {"type": "json_schema", "json_schema": {"name": "sum", "schema": reordered}}
-    b = resolve_sampling(None, {"response_format": fmt}, default_max_tokens=8)
+    b = resolve_sampling(None, {"response_format": JSON_SCHEMA}, default_max_tokens=8)
     assert a.structured == b.structured  # the engine's grammar cache keys on this spec
+    assert a.structured is not None and isinstance(a.structured.spec, str)
+    # The grammar writes properties in their listed order: reasoning before answer, as sent.
+    assert list(json.loads(a.structured.spec)["properties"]) == ["reasoning", "answer"]
+    assert list(json.loads(a.structured.spec)) == list(SCHEMA)
+    swapped = {**SCHEMA, "properties": dict(reversed(SCHEMA["properties"].items()))}
+    fmt = {"type": "json_schema", "json_schema": {"name": "sum", "schema": swapped}}
+    c = resolve_sampling(None, {"response_format": fmt}, default_max_tokens=8)
+    assert c.structured is not None and c.structured != a.structured
+    assert list(json.loads(str(c.structured.spec))["properties"]) == ["answer", "reasoning"]
+    # The same for a tool's arguments and for the calls `required` builds.
+    tool = {"type": "function", "function": {"name": "f", "parameters": swapped}}
+    named = {"type": "function", "function": {"name": "f"}}
+    for choice, path in ((named, ("properties",)),
+                         ("required", ("items", "anyOf", 0, "properties", "parameters",
+                                       "properties"))):  # fmt: skip
+        s = resolve_sampling({"tools": [tool], "tool_choice": choice}, None, default_max_tokens=8)
+        assert s.structured is not None
+        node: Any = json.loads(str(s.structured.spec))
+        for step in path:
+            node = node[step]
+        assert list(node) == ["answer", "reasoning"], choice
 
 
 REFUSED = [

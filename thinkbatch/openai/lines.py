@@ -25,6 +25,7 @@ time and its size, computed once, stays exact.
 
 from __future__ import annotations
 
+import codecs
 import json
 from dataclasses import dataclass
 from typing import Annotated
@@ -36,6 +37,7 @@ from pydantic import ConfigDict
 from pydantic import Field
 from pydantic import ValidationError
 
+from thinkbatch.errors import REJECTION_CODES
 from thinkbatch.errors import InputError
 from thinkbatch.guard import Limits
 from thinkbatch.guard import read_object
@@ -369,8 +371,9 @@ def _message(index: int, m: _ChatMessage) -> Message:
 # --- output -----------------------------------------------------------------------------------
 
 # Item errors the caller can fix (the request itself is at fault) answer 400, others 500: the
-# worker's refusals of a request, and every code a refused line carries.
-_CLIENT_ERRORS = {"invalid_request", "template_error"} | REQUEST_CODES
+# engine's refusals of a request (a 500 would have SDKs retry what cannot run), and every code
+# a refused line carries.
+_CLIENT_ERRORS = REJECTION_CODES | REQUEST_CODES
 _OPENAI_CODES = {"prompt_too_long": "context_length_exceeded"}
 _FINISH = {CHAT: ("stop", "length", "tool_calls"), COMPLETIONS: ("stop", "length")}
 # The processing tier a chat completion says it was served at (OpenAI's `service_tier` in a
@@ -503,12 +506,15 @@ def _token(entry: dict[str, Any]) -> dict[str, Any]:
 def _legacy_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
     """The completions API's own shape: parallel lists, each position's alternatives as a
     token -> logprob object (the sampled token first, as vLLM writes it), and each token's
-    offset in the text."""
+    offset in the text: in characters, from the tokens' bytes, so that a token inside a
+    multi-byte character (spelled `bytes:\\x..`) sits at that character's offset."""
     offsets: list[int] = []
+    chars = codecs.getincrementaldecoder("utf-8")("replace")  # holds a character's first bytes
     at = 0
     for entry in entries:
         offsets.append(at)
-        at += len(entry["token"])
+        raw = entry.get("bytes")
+        at += len(chars.decode(bytes(raw) if raw is not None else entry["token"].encode()))
     tops: list[dict[str, float]] = []
     for entry in entries:
         top = {entry["token"]: entry["logprob"]}

@@ -166,10 +166,20 @@ def _rich(sampling: Sampling) -> bool:
     )
 
 
-def _answer_logprobs(gen: Generation, reasoning_tokens: int) -> list[dict[str, Any]]:
-    """The logprobs of the answer's tokens: those after the thinking, without the end-of-text
-    token that detokenizing drops (its text is empty)."""
+def _answer_logprobs(gen: Generation, reasoning_tokens: int, separator: str) -> list[dict[str, Any]]:
+    """The logprobs of the answer's tokens: those after the thinking, less the tokens that spell
+    the line breaks between `</think>` and the answer (`separator`, which the answer's text does
+    not hold either) and the end-of-text token that detokenizing drops (its text is empty). The
+    tokens' texts then join to the answer."""
     entries = (gen.logprobs or [])[reasoning_tokens:]
+    skip = 0
+    while skip < len(entries) and separator:
+        token = entries[skip].get("token", "")
+        if not token or not separator.startswith(token):
+            break  # a token that also holds answer text stays, separator and all
+        separator = separator[len(token) :]
+        skip += 1
+    entries = entries[skip:]
     while entries and entries[-1].get("token") == "":
         entries = entries[:-1]
     return entries
@@ -212,7 +222,7 @@ def _choice(
     if parsed.is_json:
         record["json"] = True
     if sampling.logprobs is not None:
-        record["logprobs"] = _answer_logprobs(gen, reasoning)
+        record["logprobs"] = _answer_logprobs(gen, reasoning, split.separator)
     return record
 
 
