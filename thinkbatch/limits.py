@@ -128,9 +128,12 @@ SAMPLING_LIMITS: dict[str, Limit] = {
         Limit(
             "repetition_penalty",
             float,
-            Bound(0.0, False, "engine"),
+            # vLLM's rule is > 0, but the engine divides float32 logits by it: 1e-300 is 0 in
+            # float32 and 1e-38 overflows a logit to inf, and either makes the probabilities
+            # NaN (an item that "succeeds" with garbage).
+            Bound(0.01, True, "api", "below 0.01 the engine's float32 logits overflow to NaN"),
             Bound(10.0, True, "api", "beyond 10 the output is noise; a typo guard"),
-            "Repetition penalty, in (0, 10]; 1 is none.",
+            "Repetition penalty, in [0.01, 10]; 1 is none, below 1 favours repeats.",
         ),
         Limit(
             "n",

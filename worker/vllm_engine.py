@@ -38,8 +38,8 @@ from vllm.v1.engine.exceptions import EngineGenerateError
 from vllm.v1.metrics.loggers import PrometheusStatLogger
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-from thinkbatch.ledger import Claimed
 from thinkbatch.errors import RejectionCode
+from thinkbatch.ledger import Claimed
 from thinkbatch.limits import SAMPLING_LIMITS
 from thinkbatch.sampling import Sampling
 from thinkbatch.sampling import Structured

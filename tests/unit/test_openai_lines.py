@@ -143,6 +143,10 @@ def test_messages_of_a_tool_conversation() -> None:
         ({"chat_template_kwargs": {"enable_thinking": 1}},
          "chat_template_kwargs.enable_thinking", "invalid_type"),
         ({"stream": True}, "stream", "invalid_value"),
+        ({"stream": 0}, "stream", "invalid_value"),  # not false: a boolean is a boolean
+        ({"stream": 0.0}, "stream", "invalid_value"),
+        ({"structured_outputs": {"json_object": 1}}, "structured_outputs.json_object",
+         "invalid_type"),
         ({"stream_options": {"include_usage": True}}, "stream_options", "invalid_value"),
         ({"service_tier": "gold"}, "service_tier", "invalid_value"),
         ({"metadata": {"k": 1}}, "metadata.k", "invalid_type"),

@@ -162,3 +162,17 @@ def test_thinking_budget_counts_the_opening_tag_as_usage_does() -> None:
     vllm = _vllm()
     assert vllm.SamplingParams(thinking_token_budget=0).thinking_token_budget == 0
     assert vllm.SamplingParams(thinking_token_budget=-1).thinking_token_budget is None
+
+
+def test_no_accepted_repetition_penalty_overflows_the_engines_float32_logits() -> None:
+    import numpy as np
+
+    low = SAMPLING_LIMITS["repetition_penalty"].low
+    assert low is not None and low.inclusive
+    # vLLM divides a repeated token's positive logit by the penalty, in float32: the smallest
+    # accepted penalty keeps even a very large logit finite.
+    with np.errstate(over="ignore", divide="ignore"):
+        assert np.isfinite(np.float32(1e4) / np.float32(low.value))
+        assert not np.isfinite(np.float32(30.0) / np.float32(1e-38))  # why there is a floor
+    for tiny in (1e-300, 1e-38, math.nextafter(low.value, 0)):
+        assert not _api_accepts("repetition_penalty", tiny), tiny

@@ -35,8 +35,13 @@ START, END, TURN, EOS = 3, 4, 1, 2
         # The answer is kept as generated, save the line breaks after </think>: a leading
         # space, indentation, trailing text and a kept stop string all stay.
         (" Paris, France", False, "", " Paris, France", False),
-        ("<think>t</think>\n\n    def f():\n        pass\n", False, "t",
-         "    def f():\n        pass\n", False),
+        (
+            "<think>t</think>\n\n    def f():\n        pass\n",
+            False,
+            "t",
+            "    def f():\n        pass\n",
+            False,
+        ),
         ("<think>t</think>\n\nDone. END", False, "t", "Done. END", False),
         ("<think>t</think> spaced", False, "t", " spaced", False),
         ("\n\nno thinking at all\n", False, "", "\n\nno thinking at all\n", False),

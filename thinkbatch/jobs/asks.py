@@ -23,6 +23,7 @@ from pydantic import ConfigDict
 from pydantic import Field
 from pydantic import model_validator
 
+from thinkbatch.jobs.bools import OnlyTrue
 from thinkbatch.limits import TOOLS_MAX
 from thinkbatch.schema_refs import ref_problem
 
@@ -65,7 +66,7 @@ class StructuredOutputs(BaseModel):
     regex: str | None = Field(None, min_length=1)
     choice: list[Annotated[str, Field(min_length=1)]] | None = Field(None, min_length=1)
     grammar: str | None = Field(None, min_length=1, description="An EBNF (GBNF) grammar.")
-    json_object: Literal[True] | None = None
+    json_object: OnlyTrue | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> StructuredOutputs:

@@ -47,6 +47,7 @@ from thinkbatch.jobs import Message
 from thinkbatch.jobs import RefusedItem
 from thinkbatch.jobs import ResultRow
 from thinkbatch.jobs import SamplingParamsIn
+from thinkbatch.jobs.bools import OnlyFalse
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -137,7 +138,7 @@ class _Body(BaseModel):
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
-    stream: Literal[False] | None = None
+    stream: OnlyFalse | None = None
     stream_options: None = None
     user: str | None = None
     safety_identifier: str | None = None
@@ -296,7 +297,7 @@ def _item(custom_id: str, data: Any, endpoint: str, renames: dict[str, str]) -> 
     `renames` is filled as the body's fields are read."""
     if not isinstance(data, dict):
         raise InputError("body: must be a JSON object (the request)", param="body")
-    if data.get("stream") not in (None, False):
+    if data.get("stream") is not None and data.get("stream") is not False:  # 0 is not false
         raise _bad("body.stream", "a batch's requests do not stream: false or absent")
     if data.get("stream_options") is not None:
         raise _bad("body.stream_options", "needs stream: true, which a batch's requests are not")

@@ -166,7 +166,9 @@ def _rich(sampling: Sampling) -> bool:
     )
 
 
-def _answer_logprobs(gen: Generation, reasoning_tokens: int, separator: str) -> list[dict[str, Any]]:
+def _answer_logprobs(
+    gen: Generation, reasoning_tokens: int, separator: str
+) -> list[dict[str, Any]]:
     """The logprobs of the answer's tokens: those after the thinking, less the tokens that spell
     the line breaks between `</think>` and the answer (`separator`, which the answer's text does
     not hold either) and the end-of-text token that detokenizing drops (its text is empty). The
