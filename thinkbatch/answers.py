@@ -39,9 +39,15 @@ class Parsed:
     is_json: bool = False
 
 
-def _call(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
-    args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+def _call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    """`arguments` is JSON text, always: OpenAI's `arguments` is a string that parses."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _dumped(value: Any) -> str:
+    # A parsed value, as vLLM's parsers write it: a model that wrote `"arguments": "x"` gets
+    # the JSON string "\"x\"", never the bare text x that no client could parse.
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _json(answer: str, schema: dict[str, Any] | None) -> Any:
@@ -80,7 +86,10 @@ def parse_answer(answer: str, sampling: Sampling, call_prefix: str) -> Parsed:
         calls = _json(answer, structured.schema)
         return Parsed(
             "",
-            [_call(f"{call_prefix}_{i}", c["name"], c["parameters"]) for i, c in enumerate(calls)],
+            [
+                _call(f"{call_prefix}_{i}", c["name"], _dumped(c["parameters"]))
+                for i, c in enumerate(calls)
+            ],
         )
     if mode == "auto":
         return _hermes(answer, sampling, call_prefix)
@@ -109,7 +118,7 @@ def _hermes(answer: str, sampling: Sampling, call_prefix: str) -> Parsed:
             continue
         kept.append(answer[last : match.start()])
         last = match.end()
-        calls.append(_call(f"{call_prefix}_{len(calls)}", name, arguments))
+        calls.append(_call(f"{call_prefix}_{len(calls)}", name, _dumped(arguments)))
     if not calls:
         return Parsed(answer)
     kept.append(answer[last:])

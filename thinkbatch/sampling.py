@@ -17,6 +17,7 @@ from dataclasses import field
 from typing import Any
 from typing import Literal
 
+from thinkbatch.schema_refs import rehomed
 from thinkbatch.settings import DEFAULT_EFFORT_BUDGETS
 
 # Qwen3's recommended sampling per mode (model card): greedy decoding makes thinking models
@@ -117,21 +118,31 @@ def _canonical(schema: Mapping[str, Any]) -> str:
 
 def _tool_call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
     """tool_choice `required`: a JSON array of one or more calls of the given functions, the
-    schema vLLM builds for the same choice."""
-    calls = [
-        {
-            "type": "object",
-            "properties": {
-                "name": {"type": "string", "enum": [t["function"]["name"]]},
-                "parameters": t["function"].get("parameters") or {"type": "object"},
-            },
-            "required": ["name", "parameters"],
-            # Nothing else in a call: a free extra key lets a model wander to max_tokens.
-            "additionalProperties": False,
-        }
-        for t in tools
-    ]
-    return {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    schema vLLM builds for the same choice. Each function's parameters move to the root's
+    `$defs`, under a name of their own, with their references (`#/$defs/...`, `#`) rewritten to
+    where they now are: left inside the array's schema as sent, they pointed at its root, where
+    there is nothing, and the engine refused the grammar. (vLLM lifts each tool's `$defs` to the
+    root instead, which fails when two tools define one name differently; xgrammar follows no
+    pointer through an array index, so the parameters cannot stay in `anyOf`.)"""
+    calls = []
+    defs: dict[str, Any] = {}
+    for i, tool in enumerate(tools):
+        name = f"tool_{i}"
+        schema = tool["function"].get("parameters") or {"type": "object"}
+        defs[name] = rehomed(schema, f"/$defs/{name}")
+        calls.append(
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "enum": [tool["function"]["name"]]},
+                    "parameters": {"$ref": f"#/$defs/{name}"},
+                },
+                "required": ["name", "parameters"],
+                # Nothing else in a call: a free extra key lets a model wander to max_tokens.
+                "additionalProperties": False,
+            }
+        )
+    return {"type": "array", "minItems": 1, "items": {"anyOf": calls}, "$defs": defs}
 
 
 def structured_of(merged: Mapping[str, Any]) -> tuple[Structured | None, str, str | None]:

@@ -18,6 +18,7 @@ stay inside the schema and lead somewhere:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import unquote
@@ -159,3 +160,23 @@ def _loop(in_place: dict[str, list[str]]) -> str | None:
                 path.append(nxt)
                 iters.append(iter(in_place.get(nxt, ())))
     return None
+
+
+def rehomed(schema: Any, base: str) -> Any:
+    """A copy of `schema` to be placed at the JSON pointer `base` of a larger schema, its
+    references rewritten to point where their targets now are (`#/$defs/a` becomes
+    `#<base>/$defs/a`, `#` becomes `#<base>`). Only references in schema positions are touched;
+    a `const` or `enum` value that happens to hold a `$ref` key is data, and stays as sent.
+    The references were checked by `ref_problem` at submit: each is a `#` pointer."""
+    copy = json.loads(json.dumps(schema))
+    stack: list[Any] = [copy]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        for key in _REFS:
+            ref = node.get(key)
+            if isinstance(ref, str) and ref.startswith("#"):
+                node[key] = "#" + base + ref[1:]
+        stack.extend(child for _, child, _ in _children(node, ""))
+    return copy

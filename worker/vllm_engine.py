@@ -208,7 +208,7 @@ SPEC_LOG_INTERVAL_S = 60.0
 NEG_INF_LOGPROB = -9999.0
 # A byte-level BPE vocabulary spells each byte as one printable character (GPT-2's table, which
 # Qwen's tokenizer uses); transformers keeps the table beside its tokenizer converters.
-_BYTE_OF_CHAR = {char: byte for byte, char in bytes_to_unicode().items()}
+_BYTE_OF_CHAR: dict[str, int] = {c: b for b, c in bytes_to_unicode().items()}  # type: ignore[no-untyped-call]
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # a SentencePiece byte-fallback piece
 
 

@@ -158,7 +158,7 @@ CASES: list[Case] = [
         params(repetition_penalty=0),
         400,
         "items[0].params.repetition_penalty",
-        "greater than 0",
+        "greater than or equal to 0.01",
     ),
     (
         "max_tokens 0",

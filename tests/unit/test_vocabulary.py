@@ -176,8 +176,7 @@ def test_a_schema_reaches_the_engine_in_the_order_it_was_sent() -> None:
     tool = {"type": "function", "function": {"name": "f", "parameters": swapped}}
     named = {"type": "function", "function": {"name": "f"}}
     for choice, path in ((named, ("properties",)),
-                         ("required", ("items", "anyOf", 0, "properties", "parameters",
-                                       "properties"))):  # fmt: skip
+                         ("required", ("$defs", "tool_0", "properties"))):  # fmt: skip
         s = resolve_sampling({"tools": [tool], "tool_choice": choice}, None, default_max_tokens=8)
         assert s.structured is not None
         node: Any = json.loads(str(s.structured.spec))
@@ -210,6 +209,11 @@ REFUSED = [
      "valid boolean"),
     ({"structured_outputs": {"json_object": 1.0}},
      "items[0].params.structured_outputs.json_object", "valid boolean"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "string"}}}]}, "items[0].params.tools[0].function.parameters", "type 'object'"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "properties": {"a": {"type": "string"}}}}}]},
+     "items[0].params.tools[0].function.parameters", "type 'object'"),
     ({"tool_choice": "auto"}, "items[0].params.tool_choice", "needs tools"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "items[0].params.tool_choice.function.name", "not one of the tools"),
@@ -277,3 +281,65 @@ def test_what_spans_the_layers_is_checked_whatever_comes_first(harness: Harness)
     ok = {"items": [{**prompt_item, "params": {"structured_outputs": {"choice": ["a"]}}}],
           "params": {"tools": [WEATHER]}}  # fmt: skip
     assert submit_job(harness.db, harness.settings, ok)
+
+
+def _tool(name: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+# Two tools defining one name differently, and a recursive one: references of every kind.
+DEFS_A = _tool(
+    "a",
+    {
+        "type": "object",
+        "properties": {"x": {"$ref": "#/$defs/V"}},
+        "required": ["x"],
+        "$defs": {"V": {"type": "string"}},
+    },
+)
+DEFS_B = _tool(
+    "b",
+    {
+        "type": "object",
+        "properties": {"x": {"$ref": "#/definitions/V"}},
+        "required": ["x"],
+        "definitions": {"V": {"type": "integer"}},
+    },
+)
+TREE = _tool("tree", {"type": "object", "properties": {"kids": {"type": "array", "items": {
+    "$ref": "#"}}, "tag": {"const": {"$ref": "data, not a reference"}}}})  # fmt: skip
+
+
+def test_required_tools_keep_their_references_in_the_grammar_and_the_check() -> None:
+    from thinkbatch.answers import AnswerInvalid
+    from thinkbatch.answers import parse_answer
+
+    xgrammar = pytest.importorskip("xgrammar")
+    s = resolve_sampling({"tools": [DEFS_A, DEFS_B, TREE], "tool_choice": "required"}, None,
+                         default_max_tokens=8)  # fmt: skip
+    assert s.structured is not None
+    xgrammar.Grammar.from_json_schema(str(s.structured.spec))  # the engine's compiler takes it
+    good = [{"name": "a", "parameters": {"x": "s"}}, {"name": "b", "parameters": {"x": 3}},
+            {"name": "tree", "parameters": {"kids": [{"kids": []}]}}]  # fmt: skip
+    calls = parse_answer(json.dumps(good), s, "c").tool_calls
+    assert calls is not None
+    assert [json.loads(c["function"]["arguments"]) for c in calls] == [
+        g["parameters"] for g in good
+    ]
+    for bad in ({"name": "a", "parameters": {"x": 3}}, {"name": "b", "parameters": {"x": "s"}},
+                {"name": "tree", "parameters": {"kids": [{"kids": 1}]}}):  # fmt: skip
+        with pytest.raises(AnswerInvalid):
+            parse_answer(json.dumps([bad]), s, "c")
+    # Data is not rewritten: the const keeps its "$ref" key as sent.
+    tree = json.loads(str(s.structured.spec))["$defs"]["tool_2"]
+    assert tree["properties"]["tag"] == {"const": {"$ref": "data, not a reference"}}
+    assert tree["properties"]["kids"]["items"] == {"$ref": "#/$defs/tool_2"}
+
+
+def test_tool_call_arguments_are_always_json_text() -> None:
+    from thinkbatch.answers import parse_answer
+
+    s = resolve_sampling({"tools": [WEATHER]}, None, default_max_tokens=8)
+    answer = '<tool_call>{"name": "get_weather", "arguments": "Paris"}</tool_call>'
+    calls = parse_answer(answer, s, "c").tool_calls
+    assert calls is not None and json.loads(calls[0]["function"]["arguments"]) == "Paris"

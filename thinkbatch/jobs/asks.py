@@ -23,7 +23,7 @@ from pydantic import ConfigDict
 from pydantic import Field
 from pydantic import model_validator
 
-from thinkbatch.jobs.bools import OnlyTrue
+from thinkbatch.bools import OnlyTrue
 from thinkbatch.limits import TOOLS_MAX
 from thinkbatch.schema_refs import ref_problem
 

@@ -103,6 +103,15 @@ def _check_schemas(params: SamplingParamsIn, p: str) -> None:
         raise _bad(f"{p}structured_outputs.regex", why, "invalid_schema")
     for i, tool in enumerate(params.tools or ()):
         schema = tool.function.parameters
+        if schema and schema.get("type") != "object":
+            # A call's arguments are a JSON object (OpenAI's rule too); `{}` or none means one
+            # without fixed properties.
+            raise _bad(
+                f"{p}tools[{i}].function.parameters",
+                f"must be a JSON Schema with type 'object' (a call's arguments are an object), "
+                f"not type {schema.get('type')!r}",
+                "invalid_schema",
+            )
         if schema is not None and (why := schema_problem(schema)):
             raise _bad(f"{p}tools[{i}].function.parameters", why, "invalid_schema")
 

@@ -37,6 +37,7 @@ from pydantic import ConfigDict
 from pydantic import Field
 from pydantic import ValidationError
 
+from thinkbatch.bools import OnlyFalse
 from thinkbatch.errors import REJECTION_CODES
 from thinkbatch.errors import InputError
 from thinkbatch.guard import Limits
@@ -47,7 +48,6 @@ from thinkbatch.jobs import Message
 from thinkbatch.jobs import RefusedItem
 from thinkbatch.jobs import ResultRow
 from thinkbatch.jobs import SamplingParamsIn
-from thinkbatch.jobs.bools import OnlyFalse
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
