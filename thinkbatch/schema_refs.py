@@ -118,6 +118,13 @@ def ref_problem(schema: Any) -> str | None:
                     f"{where}: {ref!r} is not a reference within the schema; only '#' and "
                     f"'#/...' pointers are supported"
                 )
+            if "%" in ref or "~" in ref:
+                # Valid JSON pointers, but the engine's grammar compiler (xgrammar) neither
+                # unquotes nor unescapes them: the item could only fail at the worker.
+                return (
+                    f"{where}: {ref!r} is escaped ('%' or '~'); the engine's grammar compiler "
+                    f"follows only plain pointers: rename the definition"
+                )
             pointer = unquote(ref[1:])
             if pointer and not pointer.startswith("/"):
                 return f"{where}: {ref!r} names an anchor; only '#/...' pointers are supported"
@@ -169,6 +176,13 @@ def rehomed(schema: Any, base: str) -> Any:
     a `const` or `enum` value that happens to hold a `$ref` key is data, and stays as sent.
     The references were checked by `ref_problem` at submit: each is a `#` pointer."""
     copy = json.loads(json.dumps(schema))
+    if isinstance(copy, dict):
+        # A root `$id` would make the moved pointers relative to it, where they lead nowhere
+        # (the answer's check fails); there is no nested one (`ref_problem` refuses those). A
+        # draft-04 `id` is the same keyword, and an unknown one in later drafts.
+        copy.pop("$id", None)
+        if isinstance(copy.get("id"), str):
+            copy.pop("id")
     stack: list[Any] = [copy]
     while stack:
         node = stack.pop()

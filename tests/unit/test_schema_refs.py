@@ -6,6 +6,7 @@ fetched; and an answer whose check fails in any way fails its own item, never th
 from __future__ import annotations
 
 import http.server
+import json
 import threading
 import uuid
 from collections.abc import Iterator
@@ -47,8 +48,7 @@ ACCEPTED: list[Any] = [
     True,
     NODE,  # recursion through items: each step reaches into the value
     PYDANTIC,
-    {"$defs": {"a b": {"type": "string"}}, "$ref": "#/$defs/a%20b"},  # a percent-encoded pointer
-    {"$defs": {"a/b": {"type": "string"}}, "$ref": "#/$defs/a~1b"},  # an escaped one
+    {"$defs": {"a b": {"type": "string"}}, "$ref": "#/$defs/a b"},  # a name with a space
     {"enum": [{"$ref": "http://x"}]},  # a value, not a reference
     {"const": {"$ref": "#/nowhere"}},
     {"$id": "https://example.com/root", "$ref": "#/$defs/x", "$defs": {"x": {}}},  # at the root
@@ -73,12 +73,18 @@ REFUSED: list[tuple[Any, str]] = [
     ({"$dynamicRef": "#meta"}, "anchor"),
     ({"properties": {"x": {"$id": "x.json", "type": "string"}}}, "nested $id"),
     ({"$ref": 5}, "not a reference within the schema"),
+    # Valid JSON pointers the engine's grammar compiler cannot follow (it does not unescape).
+    ({"$defs": {"a b": {"type": "string"}}, "$ref": "#/$defs/a%20b"}, "escaped"),
+    ({"$defs": {"a/b": {"type": "string"}}, "$ref": "#/$defs/a~1b"}, "escaped"),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize("schema", ACCEPTED, ids=range(len(ACCEPTED)))
 def test_references_inside_the_schema_are_accepted(schema: Any) -> None:
     assert ref_problem(schema) is None
+    if isinstance(schema, dict):  # and the engine's grammar compiler follows them too
+        xgrammar = pytest.importorskip("xgrammar")
+        xgrammar.Grammar.from_json_schema(json.dumps(schema))
 
 
 @pytest.mark.parametrize(("schema", "words"), REFUSED, ids=range(len(REFUSED)))

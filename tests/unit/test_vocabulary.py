@@ -168,12 +168,14 @@ def test_a_schema_reaches_the_engine_in_the_order_it_was_sent() -> None:
     assert list(json.loads(a.structured.spec)["properties"]) == ["reasoning", "answer"]
     assert list(json.loads(a.structured.spec)) == list(SCHEMA)
     swapped = {**SCHEMA, "properties": dict(reversed(SCHEMA["properties"].items()))}
+    # Tools below use the sent order, which is not the sorted one (answer < reasoning).
+    as_sent = {**SCHEMA, "properties": {"reasoning": {"type": "string"}, "answer": {}}}
     fmt = {"type": "json_schema", "json_schema": {"name": "sum", "schema": swapped}}
     c = resolve_sampling(None, {"response_format": fmt}, default_max_tokens=8)
     assert c.structured is not None and c.structured != a.structured
     assert list(json.loads(str(c.structured.spec))["properties"]) == ["answer", "reasoning"]
     # The same for a tool's arguments and for the calls `required` builds.
-    tool = {"type": "function", "function": {"name": "f", "parameters": swapped}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": as_sent}}
     named = {"type": "function", "function": {"name": "f"}}
     for choice, path in ((named, ("properties",)),
                          ("required", ("$defs", "tool_0", "properties"))):  # fmt: skip
@@ -182,7 +184,7 @@ def test_a_schema_reaches_the_engine_in_the_order_it_was_sent() -> None:
         node: Any = json.loads(str(s.structured.spec))
         for step in path:
             node = node[step]
-        assert list(node) == ["answer", "reasoning"], choice
+        assert list(node) == ["reasoning", "answer"], choice
 
 
 REFUSED = [
@@ -214,6 +216,12 @@ REFUSED = [
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "properties": {"a": {"type": "string"}}}}}]},
      "items[0].params.tools[0].function.parameters", "type 'object'"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "$ref": "#/$defs/A", "$defs": {"A": {"type": "array"}}}}}]},
+     "items[0].params.tools[0].function.parameters", "not type 'array'"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "$ref": "#/$defs/a%20b", "$defs": {"a b": {}}}}}},
+     "items[0].params.response_format.json_schema.schema", "escaped"),
     ({"tool_choice": "auto"}, "items[0].params.tool_choice", "needs tools"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "items[0].params.tool_choice.function.name", "not one of the tools"),
@@ -301,11 +309,16 @@ DEFS_B = _tool(
     "b",
     {
         "type": "object",
-        "properties": {"x": {"$ref": "#/definitions/V"}},
+        "properties": {"x": {"$ref": "#/$defs/V"}},
         "required": ["x"],
-        "definitions": {"V": {"type": "integer"}},
+        "$defs": {"V": {"type": "integer"}},
     },
 )
+DRAFT7 = _tool("c", {"$id": "urn:args", "type": "object", "required": ["x"],
+                     "properties": {"x": {"$ref": "#/definitions/V"}},
+                     "definitions": {"V": {"type": "boolean"}}})  # fmt: skip
+ZOD = _tool("z", {"$ref": "#/$defs/Args", "$defs": {"Args": {
+    "type": "object", "properties": {"y": {"type": "string"}}, "required": ["y"]}}})  # fmt: skip
 TREE = _tool("tree", {"type": "object", "properties": {"kids": {"type": "array", "items": {
     "$ref": "#"}}, "tag": {"const": {"$ref": "data, not a reference"}}}})  # fmt: skip
 
@@ -315,19 +328,23 @@ def test_required_tools_keep_their_references_in_the_grammar_and_the_check() -> 
     from thinkbatch.answers import parse_answer
 
     xgrammar = pytest.importorskip("xgrammar")
-    s = resolve_sampling({"tools": [DEFS_A, DEFS_B, TREE], "tool_choice": "required"}, None,
-                         default_max_tokens=8)  # fmt: skip
+    tools = [DEFS_A, DEFS_B, TREE, DRAFT7, ZOD]
+    s = resolve_sampling({"tools": tools, "tool_choice": "required"}, None, default_max_tokens=8)
     assert s.structured is not None
     xgrammar.Grammar.from_json_schema(str(s.structured.spec))  # the engine's compiler takes it
     good = [{"name": "a", "parameters": {"x": "s"}}, {"name": "b", "parameters": {"x": 3}},
-            {"name": "tree", "parameters": {"kids": [{"kids": []}]}}]  # fmt: skip
+            {"name": "tree", "parameters": {"kids": [{"kids": []}]}},
+            {"name": "c", "parameters": {"x": True}},
+            {"name": "z", "parameters": {"y": "q"}}]  # fmt: skip
     calls = parse_answer(json.dumps(good), s, "c").tool_calls
     assert calls is not None
     assert [json.loads(c["function"]["arguments"]) for c in calls] == [
         g["parameters"] for g in good
     ]
     for bad in ({"name": "a", "parameters": {"x": 3}}, {"name": "b", "parameters": {"x": "s"}},
-                {"name": "tree", "parameters": {"kids": [{"kids": 1}]}}):  # fmt: skip
+                {"name": "tree", "parameters": {"kids": [{"kids": 1}]}},
+                {"name": "c", "parameters": {"x": 1}},
+                {"name": "z", "parameters": {}}):  # fmt: skip
         with pytest.raises(AnswerInvalid):
             parse_answer(json.dumps([bad]), s, "c")
     # Data is not rewritten: the const keeps its "$ref" key as sent.
@@ -343,3 +360,36 @@ def test_tool_call_arguments_are_always_json_text() -> None:
     answer = '<tool_call>{"name": "get_weather", "arguments": "Paris"}</tool_call>'
     calls = parse_answer(answer, s, "c").tool_calls
     assert calls is not None and json.loads(calls[0]["function"]["arguments"]) == "Paris"
+
+
+def _lp(*tokens: str) -> list[dict[str, Any]]:
+    return [{"token": t, "logprob": -0.1, "bytes": list(t.encode())} for t in tokens]
+
+
+@pytest.mark.parametrize(
+    ("text", "tokens", "kept"),
+    [
+        # The line breaks after </think> are the separator's tokens, not the answer's.
+        ("<think>t</think>\n\nHi.", ["<think>", "t", "</think>", "\n\n", "Hi", ".", ""],
+         ["Hi", "."]),
+        # A stop string the engine cut from the text keeps its tokens' logprobs: not the answer's.
+        ("<think>t</think>\n\nDone. ", ["<think>", "t", "</think>", "\n\n", "Done", ". ",
+                                          "EN", "D"], ["Done", ". "]),
+        # A token holding both separator and answer text stays whole.
+        ("<think>t</think>\n\n  def", ["<think>", "t", "</think>", "\n\n  ", " def"],
+         ["\n\n  ", " def"]),
+        ("<think>t</think>", ["<think>", "t", "</think>", ""], []),
+    ],
+)  # fmt: skip
+def test_answer_logprobs_are_the_answers_tokens(
+    text: str, tokens: list[str], kept: list[str]
+) -> None:
+    from thinkbatch.thinking import split_thinking
+    from worker.engine import Generation
+    from worker.runner.writer import _answer_logprobs
+
+    split = split_thinking(text)
+    gen = Generation(token_ids=list(range(len(tokens))), text=text, finish_reason="stop",
+                     prompt_tokens=1, logprobs=_lp(*tokens))  # fmt: skip
+    got = [e["token"] for e in _answer_logprobs(gen, 3, split)]
+    assert got == kept

@@ -11,6 +11,7 @@ tools, and the bound on the log probabilities an item may return.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from thinkbatch.errors import InputError
 from thinkbatch.jobs.asks import constraint_size
@@ -103,17 +104,30 @@ def _check_schemas(params: SamplingParamsIn, p: str) -> None:
         raise _bad(f"{p}structured_outputs.regex", why, "invalid_schema")
     for i, tool in enumerate(params.tools or ()):
         schema = tool.function.parameters
-        if schema and schema.get("type") != "object":
+        if schema is not None and (why := schema_problem(schema)):
+            raise _bad(f"{p}tools[{i}].function.parameters", why, "invalid_schema")
+        if schema and _root_type(schema) != "object":
             # A call's arguments are a JSON object (OpenAI's rule too); `{}` or none means one
             # without fixed properties.
             raise _bad(
                 f"{p}tools[{i}].function.parameters",
                 f"must be a JSON Schema with type 'object' (a call's arguments are an object), "
-                f"not type {schema.get('type')!r}",
+                f"not type {_root_type(schema)!r}",
                 "invalid_schema",
             )
-        if schema is not None and (why := schema_problem(schema)):
-            raise _bad(f"{p}tools[{i}].function.parameters", why, "invalid_schema")
+
+
+def _root_type(schema: dict[str, Any]) -> Any:
+    """A schema's type at its root, through a root `$ref` to its own definitions (the shape
+    zod-to-json-schema writes: `{"$ref": "#/$defs/Args", "$defs": {...}}`)."""
+    ref = schema.get("$ref")
+    if "type" not in schema and isinstance(ref, str) and ref.startswith("#/"):
+        node: Any = schema
+        for token in ref[2:].split("/"):
+            node = node.get(token) if isinstance(node, dict) else None
+        if isinstance(node, dict) and node is not schema:
+            return node.get("type")
+    return schema.get("type")
 
 
 # An item's params when it overrides none (`Combinations._plain` stands for it).

@@ -25,6 +25,7 @@ from thinkbatch.ledger import Failed
 from thinkbatch.models import ItemStatus
 from thinkbatch.sampling import Sampling
 from thinkbatch.settings import Settings
+from thinkbatch.thinking import ThinkingSplit
 from thinkbatch.thinking import count_reasoning_tokens
 from thinkbatch.thinking import split_thinking
 from thinkbatch.thinking import thinking_truncated
@@ -166,23 +167,36 @@ def _rich(sampling: Sampling) -> bool:
     )
 
 
+def _entry_bytes(entry: dict[str, Any]) -> int:
+    raw = entry.get("bytes")
+    return len(raw) if raw is not None else len(str(entry.get("token", "")).encode())
+
+
 def _answer_logprobs(
-    gen: Generation, reasoning_tokens: int, separator: str
+    gen: Generation, reasoning_tokens: int, split: ThinkingSplit
 ) -> list[dict[str, Any]]:
-    """The logprobs of the answer's tokens: those after the thinking, less the tokens that spell
-    the line breaks between `</think>` and the answer (`separator`, which the answer's text does
-    not hold either) and the end-of-text token that detokenizing drops (its text is empty). The
-    tokens' texts then join to the answer."""
+    """The logprobs of the answer's tokens: those after the thinking, less
+    - the tokens that spell the line breaks between `</think>` and the answer (`separator`,
+      which the answer's text does not hold either), and
+    - the tokens past the answer's end: the end-of-text token that detokenizing drops, and
+      those of a stop string or stop token the engine cut from the text but not from its
+      logprobs (`include_stop_str_in_output` false, the default).
+    The tokens' bytes then join to the answer's, unless a token spans the answer's edge (holds
+    both separator and answer text, or both answer and stop string): it stays, whole."""
     entries = (gen.logprobs or [])[reasoning_tokens:]
+    separator = split.separator
     skip = 0
     while skip < len(entries) and separator:
         token = entries[skip].get("token", "")
         if not token or not separator.startswith(token):
-            break  # a token that also holds answer text stays, separator and all
+            break
         separator = separator[len(token) :]
         skip += 1
     entries = entries[skip:]
-    while entries and entries[-1].get("token") == "":
+    size = len(split.answer.encode())
+    total = sum(map(_entry_bytes, entries))
+    while entries and total - _entry_bytes(entries[-1]) >= size:
+        total -= _entry_bytes(entries[-1])
         entries = entries[:-1]
     return entries
 
@@ -224,7 +238,7 @@ def _choice(
     if parsed.is_json:
         record["json"] = True
     if sampling.logprobs is not None:
-        record["logprobs"] = _answer_logprobs(gen, reasoning, split.separator)
+        record["logprobs"] = _answer_logprobs(gen, reasoning, split)
     return record
 
 
