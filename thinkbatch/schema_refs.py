@@ -71,7 +71,7 @@ def _children(node: dict[str, Any], at: str) -> Iterator[tuple[str, Any, bool]]:
                     yield f"{at}/{_escape(key)}/{_escape(str(name))}", sub, in_place
 
 
-def _resolve(root: Any, pointer: str) -> Any:
+def resolve(root: Any, pointer: str) -> Any:
     """The value at a JSON pointer (already without its leading '#'), or a KeyError."""
     node = root
     if pointer == "":
@@ -129,7 +129,7 @@ def ref_problem(schema: Any) -> str | None:
             if pointer and not pointer.startswith("/"):
                 return f"{where}: {ref!r} names an anchor; only '#/...' pointers are supported"
             try:
-                target = _resolve(schema, pointer)
+                target = resolve(schema, pointer)
             except KeyError:
                 return f"{where}: {ref!r} points at nothing in the schema"
             if not isinstance(target, dict | bool):

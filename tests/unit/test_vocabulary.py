@@ -296,24 +296,14 @@ def _tool(name: str, parameters: dict[str, Any]) -> dict[str, Any]:
 
 
 # Two tools defining one name differently, and a recursive one: references of every kind.
-DEFS_A = _tool(
-    "a",
-    {
-        "type": "object",
-        "properties": {"x": {"$ref": "#/$defs/V"}},
-        "required": ["x"],
-        "$defs": {"V": {"type": "string"}},
-    },
-)
-DEFS_B = _tool(
-    "b",
-    {
-        "type": "object",
-        "properties": {"x": {"$ref": "#/$defs/V"}},
-        "required": ["x"],
-        "$defs": {"V": {"type": "integer"}},
-    },
-)
+def _defining_v(name: str, kind: str) -> dict[str, Any]:
+    """A tool whose one argument is of the type its own `$defs/V` names."""
+    return _tool(name, {"type": "object", "properties": {"x": {"$ref": "#/$defs/V"}},
+                        "required": ["x"], "$defs": {"V": {"type": kind}}})  # fmt: skip
+
+
+DEFS_A = _defining_v("a", "string")
+DEFS_B = _defining_v("b", "integer")
 DRAFT7 = _tool("c", {"$id": "urn:args", "type": "object", "required": ["x"],
                      "properties": {"x": {"$ref": "#/definitions/V"}},
                      "definitions": {"V": {"type": "boolean"}}})  # fmt: skip

@@ -19,6 +19,7 @@ from thinkbatch.jobs.asks import regex_problem
 from thinkbatch.jobs.asks import schema_problem
 from thinkbatch.jobs.wire import ItemIn
 from thinkbatch.jobs.wire import SamplingParamsIn
+from thinkbatch.schema_refs import resolve
 from thinkbatch.settings import Settings
 
 
@@ -119,14 +120,13 @@ def _check_schemas(params: SamplingParamsIn, p: str) -> None:
 
 def _root_type(schema: dict[str, Any]) -> Any:
     """A schema's type at its root, through a root `$ref` to its own definitions (the shape
-    zod-to-json-schema writes: `{"$ref": "#/$defs/Args", "$defs": {...}}`)."""
+    zod-to-json-schema writes: `{"$ref": "#/$defs/Args", "$defs": {...}}`). The references
+    were checked first (`schema_problem`): the pointer leads to a schema."""
     ref = schema.get("$ref")
     if "type" not in schema and isinstance(ref, str) and ref.startswith("#/"):
-        node: Any = schema
-        for token in ref[2:].split("/"):
-            node = node.get(token) if isinstance(node, dict) else None
-        if isinstance(node, dict) and node is not schema:
-            return node.get("type")
+        target = resolve(schema, ref[1:])
+        if isinstance(target, dict) and target is not schema:
+            return target.get("type")
     return schema.get("type")
 
 

@@ -167,11 +167,6 @@ def _rich(sampling: Sampling) -> bool:
     )
 
 
-def _entry_bytes(entry: dict[str, Any]) -> int:
-    raw = entry.get("bytes")
-    return len(raw) if raw is not None else len(str(entry.get("token", "")).encode())
-
-
 def _answer_logprobs(
     gen: Generation, reasoning_tokens: int, split: ThinkingSplit
 ) -> list[dict[str, Any]]:
@@ -194,9 +189,10 @@ def _answer_logprobs(
         skip += 1
     entries = entries[skip:]
     size = len(split.answer.encode())
-    total = sum(map(_entry_bytes, entries))
-    while entries and total - _entry_bytes(entries[-1]) >= size:
-        total -= _entry_bytes(entries[-1])
+    # Every engine's entries carry their token's bytes (worker.engine.token_logprob).
+    total = sum(len(e["bytes"]) for e in entries)
+    while entries and total - len(entries[-1]["bytes"]) >= size:
+        total -= len(entries[-1]["bytes"])
         entries = entries[:-1]
     return entries
 
