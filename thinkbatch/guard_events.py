@@ -19,6 +19,7 @@ from typing import Any
 import ijson
 
 from thinkbatch.errors import InputError
+from thinkbatch.settings import ESCAPED_CHAR_BYTES
 from thinkbatch.settings import Settings
 
 
@@ -343,10 +344,10 @@ def read_events(
     values = chars = 0
     where = ""
     done = False
-    # No string the limits allow is longer than this (a character is at most a 6-byte escape):
-    # a longer run without an event is refused as it grows (Guard.run_limit).
+    # No string the limits allow is longer than this (a character is at most an escaped
+    # surrogate pair): a longer run without an event is refused as it grows (Guard.run_limit).
     if max_chars < _UNBOUNDED:
-        guard.run_limit = 6 * max_chars + 2
+        guard.run_limit = ESCAPED_CHAR_BYTES * max_chars + 2
     try:
         for event, value in ijson.basic_parse(guard, use_float=True, buf_size=PARSE_CHUNK):
             guard.event_at = guard.given

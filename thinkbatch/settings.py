@@ -43,6 +43,10 @@ PRODUCTION_MODEL = "Qwen/Qwen3-8B"
 # gunicorn.conf.py sets PROMETHEUS_MULTIPROC_DIR for prometheus-client, so the API's processes
 # always see it. Read without a warning.
 NOT_DEPRECATED = frozenset({"prometheus_multiproc_dir"})
+# The most bytes one character of a string can take in JSON text: a character outside the Basic
+# Multilingual Plane written as an escaped surrogate pair (`\ud83d\ude00`) is one character of
+# MAX_ITEM_CHARS in twelve bytes. Byte bounds derived from character limits use this.
+ESCAPED_CHAR_BYTES = 12
 
 
 class LegacyNames(PydanticBaseSettingsSource):
@@ -625,10 +629,10 @@ class Settings(BaseSettings):
 
     @property
     def max_line_bytes(self) -> int:
-        """The longest batch-file line that could hold an item within the item limits: six
-        bytes per character (a JSON escape) and 64 per other value. Longer lines are refused
+        """The longest batch-file line that could hold an item within the item limits:
+        ESCAPED_CHAR_BYTES per character and 64 per other value. Longer lines are refused
         unread, so a file without line breaks costs no more memory than one item."""
-        return 6 * self.max_item_chars + 64 * self.max_item_values
+        return ESCAPED_CHAR_BYTES * self.max_item_chars + 64 * self.max_item_values
 
     @property
     def inflight_window(self) -> int:

@@ -16,6 +16,7 @@ from flask.testing import FlaskClient
 from thinkbatch import ledger
 from thinkbatch.ledger import Done
 from thinkbatch.openai import batches
+from thinkbatch.settings import ESCAPED_CHAR_BYTES
 
 HUGE_INT = b"9" * 5000  # past the 4,300 digits Python's int() takes from text
 
@@ -192,7 +193,7 @@ def test_a_line_longer_than_any_item_is_refused_unread(
 
     small = keyed_client(make_app(max_item_chars=1000, max_prompt_chars=1000, max_item_values=100),
                          make_key(db, TENANT))  # fmt: skip
-    limit = 6 * 1000 + 64 * 100
+    limit = ESCAPED_CHAR_BYTES * 1000 + 64 * 100
     data = jsonl(line("a")) + b"x" * (limit + 1) + b"\n" + jsonl(line("c"))
     stored = upload(small, data)
     batch = create(small, stored.json["id"])
@@ -200,6 +201,26 @@ def test_a_line_longer_than_any_item_is_refused_unread(
     [error] = batch.json["errors"]["data"]
     assert (error["line"], error["code"]) == (2, "line_too_long")
     assert f"longer than {limit} bytes" in error["message"]
+
+
+def test_a_line_of_escaped_pairs_within_the_item_limits_is_read(
+    client: FlaskClient, db: sa.Engine, make_app: Any
+) -> None:
+    # A character outside the BMP is one character of MAX_ITEM_CHARS but twelve bytes as an
+    # escaped surrogate pair (json.dumps' default): its line is longer than six bytes a
+    # character and 64 a value allow, and is still an item within the limits.
+    from tests.helpers import TENANT
+    from tests.helpers import keyed_client
+    from tests.helpers import make_key
+
+    small = keyed_client(make_app(max_item_chars=1000, max_prompt_chars=1000, max_item_values=20),
+                         make_key(db, TENANT))  # fmt: skip
+    data = jsonl(line("a", messages=[{"role": "user", "content": "\U0001f600" * 900}]))
+    assert len(data) > 6 * 1000 + 64 * 20
+    batch = create(small, upload(small, data).json["id"])
+    assert batch.status_code == 200, batch.json
+    assert batch.json["status"] != "failed", batch.json["errors"]
+    assert count(db, "items") == 1
 
 
 # --- a bad request body fails its line alone -------------------------------------------------
