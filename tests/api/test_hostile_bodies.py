@@ -385,6 +385,14 @@ CASES: list[Case] = [
         "<= 2",
     ),
     (
+        # Read as the nearest double, 0: checked as 0, where 0 is not allowed.
+        "top_p 1e-400",
+        b'{"params":{"top_p":1e-400},' + GOOD[1:] + b"}",
+        400,
+        "params.top_p",
+        "greater than 0",
+    ),
+    (
         "completion_window 1e400",
         GOOD + b',"completion_window":1e400}',
         400,

@@ -300,6 +300,20 @@ def test_a_string_of_escaped_pairs_at_the_limit_is_read(where: str) -> None:
             assert outcome(reader, data, step, limits) == ("ok", [("items", None), ("item", item)])
 
 
+def test_a_number_is_read_as_the_nearest_double() -> None:
+    # As any JSON parser reads it: below the smallest double is 0 (its sign kept), the
+    # smallest subnormal is itself, and above the largest is refused as out of range.
+    data = b'{"items":[{"a":[1e-400,-1e-400,5e-324,0.1]}]}'
+    for step in STEPS:
+        for reader in (read_events, read_body):
+            answer, [_, (_, item)] = outcome(reader, data, step, Limits(max_depth=5))
+            assert (answer, item["a"]) == ("ok", [0.0, -0.0, 5e-324, 0.1])
+            assert str(item["a"][1]) == "-0.0"
+    huge = b'{"items":[{"a":1e309}]}'
+    for reader in (read_events, read_body):
+        assert outcome(reader, huge, 7, Limits(max_depth=5))[3] == "number_out_of_range"
+
+
 def test_the_longest_allowed_string_is_read() -> None:
     limits = Limits(max_depth=32, max_chars=100_000)
     text = "é" * (100_000 - len("prompt"))  # a key's characters count too
