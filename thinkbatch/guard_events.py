@@ -42,6 +42,11 @@ _NOT_JSON = re.compile(rb"[\x0b\x0c]")
 # allow costs sixteen times less.
 PARSE_CHUNK = 1 << 20
 _UNBOUNDED = 1 << 40  # a limit this large is none (tests, whole files)
+# What a run before a string's end holds beside its characters: the quotes, the `:` or `,`
+# before it and the whitespace of any layout (json.dumps' `": "`, a pretty printer's newline
+# and indentation). The run is measured from where the parser stood at its last read, so
+# without this room a string at the limit was refused when its bytes came one read at a time.
+_RUN_SLACK = 256
 
 
 class _LongRun(Exception):
@@ -345,9 +350,10 @@ def read_events(
     where = ""
     done = False
     # No string the limits allow is longer than this (a character is at most an escaped
-    # surrogate pair): a longer run without an event is refused as it grows (Guard.run_limit).
+    # surrogate pair), with its quotes and the layout before it: a longer run without an event
+    # is refused as it grows (Guard.run_limit).
     if max_chars < _UNBOUNDED:
-        guard.run_limit = ESCAPED_CHAR_BYTES * max_chars + 2
+        guard.run_limit = ESCAPED_CHAR_BYTES * max_chars + _RUN_SLACK
     try:
         for event, value in ijson.basic_parse(guard, use_float=True, buf_size=PARSE_CHUNK):
             guard.event_at = guard.given

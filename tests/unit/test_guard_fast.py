@@ -286,14 +286,15 @@ def test_a_run_longer_than_any_allowed_string_is_refused_as_it_grows(
     assert stream.pos <= 6 * 100_000 + 3 * (1 << 20) < len(data)
 
 
+@pytest.mark.parametrize("layout", [{"separators": (",", ":")}, {}, {"indent": 8}])
 @pytest.mark.parametrize("where", ["key", "value"])
-def test_a_string_of_escaped_pairs_at_the_limit_is_read(where: str) -> None:
+def test_a_string_of_escaped_pairs_at_the_limit_is_read(where: str, layout: Any) -> None:
     # One character outside the BMP, twelve bytes as an escaped surrogate pair: the longest run
-    # the limits allow, read whole however the body is cut.
+    # the limits allow, read whole however the body is cut and whatever its layout.
     text = "\U0001f600" * 6
-    item = {text: None} if where == "key" else {"p": text[:-1]}
-    data = json.dumps({"items": [item]}).encode()
-    assert data.count(b"\\ud83d\\ude00") == len(text) - (where == "value")
+    item = {text: None} if where == "key" else {"": text}
+    data = json.dumps({"items": [item]}, **layout).encode()
+    assert data.count(b"\\ud83d\\ude00") == len(text)
     limits = Limits(max_depth=5, max_chars=len(text))
     for step in STEPS:
         for reader in (read_events, read_body):
