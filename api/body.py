@@ -25,6 +25,7 @@ from api.intake import Refusal
 from api.openapi import Query
 from thinkbatch.errors import InputError
 from thinkbatch.guard import Limits
+from thinkbatch.guard import is_blank
 from thinkbatch.guard import read_object
 from thinkbatch.settings import Settings
 
@@ -103,7 +104,7 @@ def no_fields(settings: Settings) -> None:
             code="request_entity_too_large",
             status=413,
         )
-    if not raw.strip():
+    if is_blank(raw):
         return
     data = read_object(raw, Limits.of(settings, items_key=None))
     if data:

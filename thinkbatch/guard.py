@@ -50,6 +50,17 @@ from thinkbatch.guard_events import read_events
 __all__ = ["Limits", "check_text", "read_body", "read_object", "validation_error"]
 
 
+# The whitespace of JSON, which a blank body or a blank line of a batch file may hold. Python's
+# strip() also takes a vertical tab, a form feed and others for whitespace; JSON does not, and
+# a body of one form feed is invalid, not empty.
+JSON_WHITESPACE = b" \t\n\r"
+
+
+def is_blank(raw: bytes) -> bool:
+    """Whether `raw` holds nothing but JSON's whitespace."""
+    return not raw.strip(JSON_WHITESPACE)
+
+
 def check_text(value: str, param: str) -> str:
     """A caller's text as PostgreSQL can store it: no NUL (text and jsonb cannot hold one),
     and no lone UTF-16 surrogate (not a character; JSON escapes and form decoding can make

@@ -191,6 +191,10 @@ def test_a_replayed_batch_says_so(client: FlaskClient) -> None:
         (b"[]", None),
         (b"null", None),
         (b" " * 2000 + b"{}", "request_entity_too_large"),
+        # Not JSON's whitespace, though Python's strip() takes them for it: not an empty body.
+        (b"\x0c", "invalid_json"),
+        (b"\x0b\r\n", "invalid_json"),
+        (b"\x1c", "invalid_json"),
     ],
 )
 def test_a_cancel_with_fields_cancels_nothing(

@@ -170,6 +170,8 @@ def test_a_very_long_integer_in_the_create_body_is_400(client: FlaskClient, db: 
         (json.dumps(line(messages=[{"role": "user", "content": "x"}] * 1025)).encode(),
          "body.messages", "too_many_messages"),
         (json.dumps(line(stop=[1] * 100_001)).encode(), None, "item_too_large"),
+        # Not a blank line: JSON's whitespace holds no form feed (Python's strip() takes it).
+        (b"\x0c", None, "invalid_json"),
     ],
 )  # fmt: skip
 def test_a_bad_line_is_named_by_line_and_field(

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     import httpx
 
 from thinkbatch.cli import keys as keys_cli
+from thinkbatch.guard import JSON_WHITESPACE
+from thinkbatch.guard import is_blank
 
 OK, USAGE, FAILED_ITEMS, ENDED_BADLY, ERROR = 0, 2, 3, 4, 1
 FINISHED = ("completed", "failed", "cancelled", "expired")
@@ -104,7 +106,7 @@ def main(
 def _first_line(path: Path) -> dict[str, Any]:
     with path.open("rb") as f:
         for raw in f:
-            if raw.strip():
+            if not is_blank(raw):
                 try:
                     line = json.loads(raw)
                 except ValueError as error:
@@ -121,8 +123,8 @@ def _native_body(path: Path) -> Iterator[bytes]:
     first = True
     with path.open("rb") as f:
         for raw in f:
-            if raw.strip():
-                yield (b"" if first else b",") + raw.strip()
+            if not is_blank(raw):
+                yield (b"" if first else b",") + raw.strip(JSON_WHITESPACE)
                 first = False
     yield b"]}"
 

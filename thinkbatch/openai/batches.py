@@ -36,6 +36,7 @@ from thinkbatch.errors import FileNotFound
 from thinkbatch.errors import InputError
 from thinkbatch.errors import NotFound
 from thinkbatch.guard import Limits
+from thinkbatch.guard import is_blank
 from thinkbatch.jobs import ItemIn
 from thinkbatch.jobs import JobHeader
 from thinkbatch.jobs import JobService
@@ -121,7 +122,7 @@ class _Lines:
         for number, raw in enumerate(
             files.iter_lines(self.jobs.engine, self.file_key, settings.max_line_bytes), start=1
         ):
-            if not isinstance(raw, files.LineTooLong) and not raw.strip():
+            if not isinstance(raw, files.LineTooLong) and is_blank(raw):
                 continue
             self.number = number
             self.lines += 1
