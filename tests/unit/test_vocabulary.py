@@ -383,3 +383,21 @@ def test_answer_logprobs_are_the_answers_tokens(
                      prompt_tokens=1, logprobs=_lp(*tokens))  # fmt: skip
     got = [e["token"] for e in _answer_logprobs(gen, 3, split)]
     assert got == kept
+
+
+def test_answer_constraints_are_counted_as_the_engine_is_handed_them(harness: Harness) -> None:
+    # MAX_GRAMMAR_CHARS counts a regex's and a grammar's own characters: as JSON text, each
+    # backslash and each line break was two, and a regex of 44,000 characters was refused.
+    limit = harness.settings.max_grammar_chars
+    regex = "\\d" * (limit // 2)
+    grammar = 'root ::= "a"\n' * (limit // 13)
+    assert len(json.dumps(regex)) > limit and len(json.dumps(grammar)) > limit
+    for constraint in ({"regex": regex}, {"grammar": grammar}):
+        body = {"items": [{"messages": MSG, "params": {"structured_outputs": constraint}}]}
+        submit_job(harness.db, harness.settings, body)
+    too_long = {"structured_outputs": {"regex": "a" * (limit + 1)}}
+    over = {"items": [{"messages": MSG, "params": too_long}]}
+    with pytest.raises(InputError) as caught:
+        submit_job(harness.db, harness.settings, over)
+    assert caught.value.code == "grammar_too_large"
+    assert f"{limit + 1} characters" in caught.value.message

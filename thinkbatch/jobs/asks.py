@@ -131,9 +131,21 @@ def regex_problem(pattern: str) -> str | None:
 
 def constraint_size(params: dict[str, Any]) -> int:
     """Characters of the answer constraints in `params` (schema, regex, grammar, choices, tool
-    schemas): what the engine's grammar compiler is handed."""
+    schemas) as the engine's grammar compiler is handed them: a regex or a grammar as its own
+    text, a schema or a list as compact JSON. Counted as JSON text, a regex's every backslash
+    was two characters and a grammar's every line break two: a 44,000-character regex was
+    refused as 66,013."""
     size = 0
     for key in ("response_format", "structured_outputs", "tools"):
-        if params.get(key) is not None:
-            size += len(json.dumps(params[key], ensure_ascii=False))
+        value = params.get(key)
+        if isinstance(value, dict):
+            size += sum(_handed_chars(v) for v in value.values())
+        elif value is not None:
+            size += _handed_chars(value)
     return size
+
+
+def _handed_chars(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value)
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
