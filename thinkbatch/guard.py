@@ -106,7 +106,7 @@ def read_object(data: bytes, limits: Limits) -> dict[str, Any]:
         offset = getattr(error, "offset", None)
         if error.param is not None or offset is None:
             raise
-        path = path_at(data[:offset])
+        path = path_at(data[:offset], whole.max_depth)
         if not path:
             raise
         reason = error.message.removeprefix("request body: ")

@@ -311,6 +311,15 @@ def _too_large(where: str, limits: Limits, values: int) -> InputError:
     return bad(message, where or None, "item_too_large")
 
 
+def _too_deep(stack: list[_Frame], max_depth: int) -> InputError:
+    at = _path(stack) or None
+    return bad(
+        f"{at or 'request body'}: nested deeper than {max_depth} levels of objects and arrays",
+        at,
+        "too_deep",
+    )
+
+
 def _too_many_messages(stack: list[_Frame], limits: Limits) -> InputError:
     path = _path(stack, child=False)
     return bad(
@@ -396,13 +405,7 @@ def read_events(
                     where = stack[-1].key or ""
             if opens:
                 if len(stack) >= max_depth:
-                    at = _path(stack) or None
-                    raise bad(
-                        f"{at or 'request body'}: nested deeper than {max_depth} "
-                        "levels of objects and arrays",
-                        at,
-                        "too_deep",
-                    )
+                    raise _too_deep(stack, max_depth)
                 if not stack:
                     if event != "start_map":
                         raise bad("request body: Input should be an object", code="invalid_type")
@@ -496,15 +499,19 @@ def read_events(
         raise _json_error(ijson.IncompleteJSONError("premature EOF"), guard)
 
 
-def path_at(prefix: bytes) -> str:
+def path_at(prefix: bytes, max_depth: int) -> str:
     """The field a JSON text is inside where `prefix` ends (the text before a fault, which is
-    well-formed so far): its events are followed as read_body follows them."""
+    well-formed so far): its events are followed as read_body follows them. A prefix nested
+    deeper than `max_depth` holds the first fault itself, and it is raised: the path to the
+    later one would be as long as the nesting (a line of a million `[`, 3 MB)."""
     stack: list[_Frame] = []
     try:
         for event, value in ijson.basic_parse(io.BytesIO(prefix), use_float=True):
             if event == "map_key":
                 stack[-1].key = value
             elif event in ("start_map", "start_array"):
+                if len(stack) >= max_depth:
+                    raise _too_deep(stack, max_depth)
                 stack.append(_Frame(_MAP if event == "start_map" else _ARRAY))
             elif event in ("end_map", "end_array"):
                 stack.pop()

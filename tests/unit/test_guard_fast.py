@@ -230,6 +230,22 @@ def test_both_readers_draw_the_same_line_at_the_edges(
     assert got == code
 
 
+def test_a_fault_of_the_bytes_is_named_by_a_path_no_deeper_than_the_limit() -> None:
+    whole = Limits(32, 1024, 1 << 62, 1 << 62, None)
+    with pytest.raises(InputError) as shallow:
+        read_object(b'{"custom_id":"a","body":{"x":[1,"\xff"]}}', whole)
+    assert (shallow.value.code, shallow.value.param) == ("invalid_encoding", "body.x[1]")
+    # Past the depth limit the nesting is the first fault: its path is 32 levels, not the
+    # 100,000 of the bytes' fault after it.
+    nested = b'{"custom_id":"a","body":' + b"[" * 100_000
+    with pytest.raises(InputError) as deep:
+        read_object(nested + b"\xff", whole)
+    with pytest.raises(InputError) as well_formed:
+        read_object(nested + b"1" + b"]" * 100_000 + b"}", whole)
+    assert (deep.value.code, deep.value.param) == ("too_deep", "body" + "[0]" * 31)
+    assert deep.value.message == well_formed.value.message
+
+
 def test_a_long_run_of_whitespace_is_not_held_by_the_fast_reader(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
