@@ -320,6 +320,16 @@ def _too_deep(stack: list[_Frame], max_depth: int) -> InputError:
     )
 
 
+def _in_a_request(stack: list[_Frame], items_key: str | None) -> bool:
+    """Whether the map that holds the array on top of `stack` is a request, whose `messages`
+    MAX_MESSAGES_PER_ITEM bounds: an element of the items array, or the `body` of a batch
+    file's line (a whole object). A `messages` key elsewhere (a schema's example, metadata)
+    is data of the request, bounded as all of it is."""
+    if items_key is not None:
+        return len(stack) == 4 and stack[1].kind == _ITEMS
+    return len(stack) == 3 and stack[0].key == "body"
+
+
 def _too_many_messages(stack: list[_Frame], limits: Limits) -> InputError:
     path = _path(stack, child=False)
     return bad(
@@ -451,6 +461,7 @@ def read_events(
                     and parent.index >= max_messages
                     and len(stack) >= 2
                     and stack[-2].key == "messages"
+                    and _in_a_request(stack, items_key)
                 ):
                     raise _too_many_messages(stack, limits)
                 if opens:

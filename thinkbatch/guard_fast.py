@@ -10,7 +10,8 @@ reader's; this reader only answers sooner for a body with nothing to refuse. Cer
 
 - the value decodes in full, with no duplicate key in any object, no `NaN` or `Infinity`, no
   integer outside 64 bits and no float that overflows (yajl refuses all of these; Python's
-  decoder accepts them unless told not to), and no `messages` array longer than the limit;
+  decoder accepts them unless told not to), and no request's `messages` array (an item's, a
+  batch line's body's) longer than the limit;
 - its text holds no `\\u0000` escape (NUL; a raw control character is refused by both);
 - its text is no longer than the item's limits on JSON values and characters (each value and
   each character takes at least one character of text), and its objects and arrays, counted in
@@ -53,18 +54,23 @@ class _Doubt(ValueError):
     """This reader is not certain: the exact reader decides."""
 
 
-@functools.lru_cache(maxsize=16)
-def _decoder(max_messages: int) -> json.JSONDecoder:
-    """One decoder per limit: a batch file's lines are read one reader each, and making the
-    decoder and its scanner cost more than reading a line."""
+def _too_many_messages(request: Any, max_messages: int) -> bool:
+    """Whether `request` (an item, a batch line's body) has more messages than the limit."""
+    if request.__class__ is not dict:
+        return False
+    messages = request.get("messages")
+    return messages.__class__ is list and len(messages) > max_messages
+
+
+@functools.cache
+def _decoder() -> json.JSONDecoder:
+    """One decoder: a batch file's lines are read one reader each, and making the decoder and
+    its scanner cost more than reading a line."""
 
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
         value = dict(items)
         if len(value) != len(items):
             raise _Doubt("duplicate key")
-        messages = value.get("messages")
-        if messages.__class__ is list and len(messages) > max_messages:
-            raise _Doubt("too many messages")
         return value
 
     def integer(text: str) -> int:
@@ -108,7 +114,7 @@ class _Reader:
         self.unread = b""  # what the guard took from the stream and refused to hand on
         self.limits = limits
         # The decoder's scanner itself: raw_decode is a Python frame around it.
-        self.scan = _decoder(limits.max_messages).scan_once  # type: ignore[attr-defined]
+        self.scan = _decoder().scan_once  # type: ignore[attr-defined]
         self.utf8 = codecs.getincrementaldecoder("utf-8")("strict")
         self.text = ""
         self.pos = 0
@@ -252,9 +258,6 @@ class _Reader:
                 else:
                     self.peek()
                     value = self.value(1)
-                    if key == "messages" and value.__class__ is list:
-                        if len(value) > self.limits.max_messages:
-                            raise _Handed
                     self.keys.add(key)
                     yield "field", (key, value)
                 self.mark = ("after_member", self.pos)
@@ -277,6 +280,8 @@ class _Reader:
         while True:
             self.peek()
             value = self.value(2)
+            if _too_many_messages(value, self.limits.max_messages):
+                raise _Handed
             yield "item", value
             self.index += 1
             self.mark = ("after_item", self.pos)
@@ -351,10 +356,12 @@ def read_whole(data: bytes, limits: Limits) -> dict[str, Any] | None:
         return None
     start = _WS.match(text).end()  # type: ignore[union-attr]
     try:
-        value, end = _decoder(limits.max_messages).scan_once(text, start)  # type: ignore[attr-defined]
+        value, end = _decoder().scan_once(text, start)  # type: ignore[attr-defined]
     except (StopIteration, ValueError, RecursionError):
         return None
     if value.__class__ is not dict or _WS.match(text, end).end() != len(text):  # type: ignore[union-attr]
+        return None
+    if _too_many_messages(value.get("body"), limits.max_messages):
         return None
     # The object is level 1, as in the exact reader's stack.
     if text.count("{") + text.count("[") > limits.max_depth:

@@ -246,6 +246,32 @@ def test_a_fault_of_the_bytes_is_named_by_a_path_no_deeper_than_the_limit() -> N
     assert deep.value.message == well_formed.value.message
 
 
+def test_only_a_requests_messages_are_bounded_by_the_messages_limit() -> None:
+    # A `messages` key inside a request (a schema's example, metadata) is its data: bounded by
+    # the item limits as all of it is, not by MAX_MESSAGES_PER_ITEM.
+    many = [{"role": "user", "content": "x"}] * 3
+    schema = {"type": "object", "examples": [{"messages": many}]}
+    params = {"response_format": {"type": "json_schema", "json_schema": {"schema": schema}}}
+    item = {"messages": many[:2], "params": params, "metadata": {"messages": many}}
+    limits = Limits(max_depth=12, max_messages=2)
+    data = json.dumps({"items": [item]}).encode()
+    for step in STEPS:
+        for reader in (read_events, read_body):
+            assert outcome(reader, data, step, limits) == ("ok", [("items", None), ("item", item)])
+    line = {"custom_id": "a", "body": item}
+    whole = Limits(12, 2, 1 << 62, 1 << 62, None)
+    assert read_object(json.dumps(line).encode(), whole) == line
+    # The request's own are.
+    body = json.dumps({"items": [{**item, "messages": many}]}).encode()
+    for step in STEPS:
+        for reader in (read_events, read_body):
+            refused = outcome(reader, body, step, limits)
+            assert refused[2:] == ("items[0].messages", "too_many_messages"), refused
+    with pytest.raises(InputError) as in_a_line:
+        read_object(json.dumps({**line, "body": {**item, "messages": many}}).encode(), whole)
+    assert (in_a_line.value.param, in_a_line.value.code) == ("body.messages", "too_many_messages")
+
+
 def test_a_long_run_of_whitespace_is_not_held_by_the_fast_reader(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
