@@ -629,9 +629,11 @@ class Settings(BaseSettings):
 
     @property
     def max_line_bytes(self) -> int:
-        """The longest batch-file line that could hold an item within the item limits:
-        ESCAPED_CHAR_BYTES per character and 64 per other value. Longer lines are refused
-        unread, so a file without line breaks costs no more memory than one item."""
+        """The longest batch-file line read: an item within the item limits, written without
+        padding, takes at most ESCAPED_CHAR_BYTES per character and 64 bytes per other value.
+        Longer lines are refused unread, so a file without line breaks costs no more memory
+        than one item. (Whitespace and a number's digits count toward no item limit: a line
+        padded past this is refused though its item is within them.)"""
         return ESCAPED_CHAR_BYTES * self.max_item_chars + 64 * self.max_item_values
 
     @property

@@ -129,8 +129,8 @@ class _Lines:
             try:
                 if isinstance(raw, files.LineTooLong):
                     raise InputError(
-                        f"the line is longer than {raw.limit} bytes, more than any item "
-                        "within MAX_ITEM_CHARS and MAX_ITEM_VALUES can take",
+                        f"the line is longer than {raw.limit} bytes, more than an item "
+                        "within MAX_ITEM_CHARS and MAX_ITEM_VALUES takes unpadded",
                         code="line_too_long",
                     )
                 parsed = lines.parse_line(raw, self.endpoint, limits)
