@@ -44,8 +44,8 @@ PARSE_CHUNK = 1 << 20
 _UNBOUNDED = 1 << 40  # a limit this large is none (tests, whole files)
 # What a run before a string's end holds beside its characters: the quotes, the `:` or `,`
 # before it and the whitespace of any layout (json.dumps' `": "`, a pretty printer's newline
-# and indentation). The run is measured from where the parser stood at its last read, so
-# without this room a string at the limit was refused when its bytes came one read at a time.
+# and indentation). Without this room a string at the limit that spans the parser's pieces,
+# with its layout, was refused.
 _RUN_SLACK = 256
 
 
@@ -61,6 +61,11 @@ class Guard:
 
     An escape or a character cut by a chunk boundary is held back until the bytes that decide
     it arrive, so the parser never sees bytes that were not checked, however the body is cut.
+
+    A read of `size` bytes ends where the body's offset is a multiple of `size` (or at its end),
+    however many reads of the stream that takes: the parser is handed the same pieces of a body
+    however its bytes arrive (all at once, or one at a time from a slow client), so the answer,
+    the fault named first and its byte offset, never depends on that.
 
     ijson probes its input with read(0); werkzeug's request stream takes a zero-byte read for a
     client that went away. Answer that probe here."""
@@ -88,7 +93,7 @@ class Guard:
         if self.run_limit is not None and self.given - self.event_at > self.run_limit:
             raise _LongRun(self.given - self.event_at)
         while True:
-            raw = self.stream.read(size)
+            raw = self._piece(size)
             self._check_utf8(raw)
             self._check_controls(raw)
             self.offset += len(raw)
@@ -104,6 +109,25 @@ class Guard:
         self.given += len(chunk)
         self.eof = not chunk
         return chunk
+
+    def _piece(self, size: int) -> bytes:
+        """The stream's bytes up to the next offset that is a multiple of `size` (the rest of
+        the stream for a negative size), or fewer at its end."""
+        if size < 0:
+            return self.stream.read()
+        want = size - self.offset % size
+        raw = self.stream.read(want)
+        if len(raw) == want or not raw:
+            return raw  # the common case: a spooled body gives what is asked
+        parts = [raw]
+        got = len(raw)
+        while got < want:
+            more = self.stream.read(want - got)
+            if not more:
+                break
+            parts.append(more)
+            got += len(more)
+        return b"".join(parts)
 
     def _check_utf8(self, raw: bytes) -> None:
         pending = len(self.decoder.getstate()[0])  # the start of a character cut by the chunk
