@@ -257,7 +257,9 @@ class Settings(BaseSettings):
         ge=1,
         description="Most characters in all the strings of one item (or one line of a batch "
         "file), keys included: its prompt or messages and everything else (400 above). "
-        "Counted while the body is read, so an item never costs more memory than this allows.",
+        "Counted while the body is read, so an item never costs more memory than this allows. "
+        "Keep it above MAX_PROMPT_CHARS by what the rest of an item holds (its keys, roles, "
+        "custom_id, params): at equal values a prompt of MAX_PROMPT_CHARS is refused as too large.",
     )
     max_item_values: int = Field(
         100_000,
