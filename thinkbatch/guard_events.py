@@ -116,12 +116,9 @@ class Guard:
         if size < 0:
             return self.stream.read()
         want = size - self.offset % size
-        raw = self.stream.read(want)
-        if len(raw) == want or not raw:
-            return raw  # the common case: a spooled body gives what is asked
-        parts = [raw]
-        got = len(raw)
-        while got < want:
+        parts: list[bytes] = []
+        got = 0
+        while got < want:  # once for a spooled body, which gives what is asked
             more = self.stream.read(want - got)
             if not more:
                 break

@@ -54,7 +54,7 @@ class _Doubt(ValueError):
     """This reader is not certain: the exact reader decides."""
 
 
-def _too_many_messages(request: Any, max_messages: int) -> bool:
+def _holds_too_many_messages(request: Any, max_messages: int) -> bool:
     """Whether `request` (an item, a batch line's body) has more messages than the limit."""
     if request.__class__ is not dict:
         return False
@@ -280,7 +280,7 @@ class _Reader:
         while True:
             self.peek()
             value = self.value(2)
-            if _too_many_messages(value, self.limits.max_messages):
+            if _holds_too_many_messages(value, self.limits.max_messages):
                 raise _Handed
             yield "item", value
             self.index += 1
@@ -361,7 +361,7 @@ def read_whole(data: bytes, limits: Limits) -> dict[str, Any] | None:
         return None
     if value.__class__ is not dict or _WS.match(text, end).end() != len(text):  # type: ignore[union-attr]
         return None
-    if _too_many_messages(value.get("body"), limits.max_messages):
+    if _holds_too_many_messages(value.get("body"), limits.max_messages):
         return None
     # The object is level 1, as in the exact reader's stack.
     if text.count("{") + text.count("[") > limits.max_depth:
