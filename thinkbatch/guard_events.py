@@ -341,6 +341,18 @@ def _too_deep(stack: list[_Frame], max_depth: int) -> InputError:
     )
 
 
+def _run_at(stack: list[_Frame], event: str) -> str:
+    """The item or top-level field a run without an event is certainly inside: the run is in
+    the container on top of the stack, or after a top-level key, that key's value. Named by
+    the parser's state alone, never by what the reader saw before it, so a reader resumed
+    part-way (the fast reader's hand-off) names the same field as one that read it all."""
+    if len(stack) >= 3 and stack[1].kind == _ITEMS:
+        return _path(stack[:2])  # inside an item: items[i]
+    if len(stack) >= 2 or (stack and event == "map_key"):
+        return _path(stack[:1])  # inside a top-level field's value (the items array's too)
+    return ""  # between the members of the body
+
+
 def _in_a_request(stack: list[_Frame], items_key: str | None) -> bool:
     """Whether the map that holds the array on top of `stack` is a request, whose `messages`
     MAX_MESSAGES_PER_ITEM bounds: an element of the items array, or the `body` of a batch
@@ -394,6 +406,7 @@ def read_events(
     # is refused as it grows (Guard.run_limit).
     if max_chars < _UNBOUNDED:
         guard.run_limit = ESCAPED_CHAR_BYTES * max_chars + _RUN_SLACK
+    event = ""  # the last event, as a run past the run limit is named by it (_run_at)
     try:
         for event, value in ijson.basic_parse(guard, use_float=True, buf_size=PARSE_CHUNK):
             guard.event_at = guard.given
@@ -511,11 +524,11 @@ def read_events(
                 else:
                     yield "field", (parent.key, value)
     except _LongRun as error:
-        shown = where or _path(stack) or "request body"
+        at = _run_at(stack, event)
         raise bad(
-            f"{shown}: {error.length} bytes without the end of a value, longer than any string"
-            f" of {max_chars} characters (MAX_ITEM_CHARS) can be",
-            shown if shown != "request body" else None,
+            f"{at or 'request body'}: {error.length} bytes without the end of a value, longer"
+            f" than any string of {max_chars} characters (MAX_ITEM_CHARS) can be",
+            at or None,
             "item_too_large",
         ) from None
     except ijson.JSONError as error:

@@ -342,6 +342,33 @@ def test_a_run_longer_than_any_allowed_string_is_refused_as_it_grows(
     assert stream.pos <= 6 * 100_000 + 3 * (1 << 20) < len(data)
 
 
+RUN_PLACES = [
+    # (the body around the run, the field named)
+    (b'{"items":[{"prompt":"a"}],"x":%s}', "x"),  # a field after the items
+    (b'{"x":1,"items":[{"prompt":"a"}],"y":[1,%s]}', "y"),
+    (b'{"x":{"k":1},"y":%s}', "y"),  # a field after another (no items yet)
+    (b'{"items":[{"prompt":"a"},%s]}', "items"),  # an item that is the run itself
+    (b'{"items":[{"prompt":"a"}],"z":1,%s:1}', None),  # a key: between the members
+    (b'{"x":[1],"items":[{"prompt":"a"},{"m":{"k":[%s]}}]}', "items[1]"),
+]
+
+
+@pytest.mark.parametrize(("body", "field"), RUN_PLACES)
+@pytest.mark.parametrize("token", LONG_RUNS[:1] + LONG_RUNS[3:], ids=["string", "whitespace"])
+def test_a_long_run_is_named_by_the_field_it_is_inside(
+    body: bytes, field: str | None, token: bytes
+) -> None:
+    """A run past the run limit names the item or top-level field it is certainly inside, never
+    a field read before it: the same for both readers, however the body arrives."""
+    limits = Limits(max_depth=32, max_chars=100_000)
+    data = body % token
+    for reader in (read_events, read_body):
+        for step in (1 << 20, 65536, 7919):
+            with pytest.raises(InputError) as refused:
+                list(reader(Trickle(data, step), limits))
+            assert (refused.value.code, refused.value.param) == ("item_too_large", field)
+
+
 @pytest.mark.parametrize("layout", [{"separators": (",", ":")}, {}, {"indent": 8}])
 @pytest.mark.parametrize("where", ["key", "value"])
 def test_a_string_of_escaped_pairs_at_the_limit_is_read(where: str, layout: Any) -> None:
