@@ -116,7 +116,7 @@ def _canonical(schema: Mapping[str, Any]) -> str:
     return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
 
 
-def _tool_call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
+def tool_call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
     """tool_choice `required`: a JSON array of one or more calls of the given functions, the
     schema vLLM builds for the same choice. Each function's parameters move to the root's
     `$defs`, under a name of their own, with their references (`#/$defs/...`, `#`) rewritten to
@@ -151,7 +151,7 @@ def structured_of(merged: Mapping[str, Any]) -> tuple[Structured | None, str, st
     choice = merged.get("tool_choice")
     if tools:
         if choice == "required":
-            schema = _tool_call_schema(tools)
+            schema = tool_call_schema(tools)
             return Structured("json", _canonical(schema), schema), "required", None
         if isinstance(choice, Mapping):
             name = choice["function"]["name"]

@@ -401,3 +401,39 @@ def test_answer_constraints_are_counted_as_the_engine_is_handed_them(harness: Ha
         submit_job(harness.db, harness.settings, over)
     assert caught.value.code == "grammar_too_large"
     assert f"{limit + 1} characters" in caught.value.message
+
+
+def test_required_tools_are_counted_as_the_calls_schema_the_engine_compiles(
+    harness: Harness,
+) -> None:
+    # tool_choice `required` hands the engine a schema of the calls, each tool's parameters
+    # wrapped in an object of its own: more than the tools take as sent. That schema is what
+    # MAX_GRAMMAR_CHARS bounds.
+    from thinkbatch.limits import TOOLS_MAX
+    from thinkbatch.sampling import tool_call_schema
+
+    def size(value: Any) -> int:
+        return len(json.dumps(value, separators=(",", ":")))
+
+    def tools_of(described: int) -> list[dict[str, Any]]:
+        parameters = {"type": "object", "description": "d" * described}
+        return [
+            {"type": "function", "function": {"name": f"f{i}", "parameters": parameters}}
+            for i in range(TOOLS_MAX)
+        ]
+
+    limit = harness.settings.max_grammar_chars
+    described = (limit - size(tools_of(0))) // TOOLS_MAX  # the most within the limit as sent
+    tools = tools_of(described)
+    assert size(tools) <= limit < size(tool_call_schema(tools))
+    for choice in ("auto", "required"):
+        body = {"items": [{"messages": MSG, "params": {"tools": tools, "tool_choice": choice}}]}
+        if choice == "auto":  # no grammar: the tools as sent
+            submit_job(harness.db, harness.settings, body)
+            continue
+        with pytest.raises(InputError) as caught:
+            submit_job(harness.db, harness.settings, body)
+        assert (caught.value.code, caught.value.param) == (
+            "grammar_too_large",
+            "items[0].params.tools",
+        )

@@ -25,6 +25,7 @@ from pydantic import model_validator
 
 from thinkbatch.bools import OnlyTrue
 from thinkbatch.limits import TOOLS_MAX
+from thinkbatch.sampling import tool_call_schema
 from thinkbatch.schema_refs import ref_problem
 
 _INPUT = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
@@ -132,9 +133,10 @@ def regex_problem(pattern: str) -> str | None:
 def constraint_size(params: dict[str, Any]) -> int:
     """Characters of the answer constraints in `params` (schema, regex, grammar, choices, tool
     schemas) as the engine's grammar compiler is handed them: a regex or a grammar as its own
-    text, a schema or a list as compact JSON. Counted as JSON text, a regex's every backslash
-    was two characters and a grammar's every line break two: a 44,000-character regex was
-    refused as 66,013."""
+    text, a schema or a list as compact JSON, the tools as sent or, for tool_choice
+    `required`, as the calls' schema built of them where that is larger. Counted as JSON
+    text, a regex's every backslash was two characters and a grammar's every line break two:
+    a 44,000-character regex was refused as 66,013."""
     size = 0
     for key in ("response_format", "structured_outputs", "tools"):
         value = params.get(key)
@@ -142,6 +144,12 @@ def constraint_size(params: dict[str, Any]) -> int:
             size += sum(_handed_chars(v) for v in value.values())
         elif value is not None:
             size += _handed_chars(value)
+    tools = params.get("tools")
+    if tools and params.get("tool_choice") == "required":
+        # The engine is handed a schema of the calls (sampling.py), each tool's parameters
+        # wrapped in its call's object: larger than the tools as sent where they carry little
+        # description, and what the grammar compiler then compiles.
+        size += max(0, _handed_chars(tool_call_schema(tools)) - _handed_chars(tools))
     return size
 
 
