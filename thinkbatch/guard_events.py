@@ -116,15 +116,18 @@ class Guard:
         if size < 0:
             return self.stream.read()
         want = size - self.offset % size
-        parts: list[bytes] = []
-        got = 0
-        while got < want:  # once for a spooled body, which gives what is asked
-            more = self.stream.read(want - got)
+        first = self.stream.read(want)
+        if len(first) >= want or not first:
+            return first  # a spooled body gives what is asked: no copy
+        # A stream of short reads (a byte at a time, at worst) gathers into one buffer, not a
+        # list of parts: a list of a million one-byte objects held about 40 MB for one piece.
+        piece = bytearray(first)
+        while len(piece) < want:
+            more = self.stream.read(want - len(piece))
             if not more:
                 break
-            parts.append(more)
-            got += len(more)
-        return b"".join(parts)
+            piece += more
+        return bytes(piece)
 
     def _check_utf8(self, raw: bytes) -> None:
         pending = len(self.decoder.getstate()[0])  # the start of a character cut by the chunk

@@ -408,3 +408,24 @@ def test_the_longest_allowed_string_is_read() -> None:
             ("items", None),
             ("item", {"prompt": text}),
         ]
+
+
+def test_a_body_read_a_byte_at_a_time_is_held_in_one_buffer() -> None:
+    """A stream that hands out one byte a read (a body not spooled, from a trickling client)
+    costs the guard about the piece it gathers, not an object per byte (a list of a million
+    one-byte parts held some 90 MB)."""
+    import tracemalloc
+
+    from thinkbatch.guard_events import PARSE_CHUNK
+    from thinkbatch.guard_events import Guard
+
+    data = b'{"items":[{"prompt":"' + b"a" * PARSE_CHUNK + b'"}]}'
+    guard = Guard(Trickle(data, 1))
+    tracemalloc.start()
+    try:
+        piece = guard.read(PARSE_CHUNK)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert piece == data[:PARSE_CHUNK]
+    assert peak < 4 * PARSE_CHUNK
