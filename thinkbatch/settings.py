@@ -603,6 +603,19 @@ class Settings(BaseSettings):
             raise ValueError("WORKER_DEAD_AFTER_S must be at least twice HEARTBEAT_S")
         if self.max_prompt_chars > self.max_item_chars:
             raise ValueError("MAX_PROMPT_CHARS must not exceed MAX_ITEM_CHARS")
+        # An adapter under the base model's name took every item of the base model (and every
+        # item naming none), and the base model could no longer be reached.
+        if self.model_name in self.lora_adapters:
+            raise ValueError(
+                f"LORA_ADAPTERS: {self.model_name!r} is the base model's served name "
+                "(SERVED_MODEL_NAME, else MODEL); give the adapter a name of its own"
+            )
+        for name in self.lora_adapters:
+            if not name or name != name.strip():
+                raise ValueError(
+                    f"LORA_ADAPTERS: {name!r} is not a served name (empty, or with spaces "
+                    "around it, no job could name it)"
+                )
         if self.default_max_tokens > self.max_tokens_cap:
             raise ValueError("DEFAULT_MAX_TOKENS must not exceed MAX_TOKENS_CAP")
         if any(b is not None and b < 1 for b in self.reasoning_effort_budgets.values()):

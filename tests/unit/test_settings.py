@@ -39,6 +39,26 @@ def test_the_window_may_not_grow_to_less_than_its_size_at_rest() -> None:
     assert (s.inflight_window, s.inflight_window_most) == (200, 800)
 
 
+@pytest.mark.parametrize(
+    ("names", "adapters", "match"),
+    [
+        ({"model": "Qwen/Qwen3-8B"}, {"Qwen/Qwen3-8B": "/a"}, "base model's served name"),
+        ({"served_model_name": "qwen"}, {"qwen": "/a"}, "base model's served name"),
+        ({}, {"": "/a"}, "not a served name"),
+        ({}, {" sql": "/a"}, "not a served name"),
+    ],
+)
+def test_an_adapter_must_have_a_name_of_its_own(
+    names: dict[str, str], adapters: dict[str, str], match: str
+) -> None:
+    # An adapter under the base model's name took every item of the base model.
+    with pytest.raises(ValidationError, match=match):
+        Settings(_env_file=None, lora_adapters=adapters, **names)
+    assert Settings(_env_file=None, lora_adapters={"sql": "/a"}, **names).served_names[1:] == [
+        "sql"
+    ]
+
+
 def test_environment_names(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("THINKBATCH_DATABASE_URL", "postgresql://db/x")
     monkeypatch.setenv("THINKBATCH_MODEL", "Qwen/Qwen3-8B")
