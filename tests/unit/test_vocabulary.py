@@ -437,3 +437,40 @@ def test_required_tools_are_counted_as_the_calls_schema_the_engine_compiles(
             "grammar_too_large",
             "items[0].params.tools",
         )
+
+
+@pytest.mark.parametrize("draft", [5, True, ["x"], {"a": 1}, None])
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        (lambda s: {"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                    "schema": s}}}, "response_format.json_schema.schema"),
+        (lambda s: {"structured_outputs": {"json": s}}, "structured_outputs.json"),
+        (lambda s: {"tools": [_tool("f", {**s, "type": "object"})]},
+         "tools[0].function.parameters"),
+    ],
+)  # fmt: skip
+def test_a_schema_whose_draft_is_not_a_string_is_refused_naming_it(
+    harness: Harness, draft: Any, params: Any, field: str
+) -> None:
+    # jsonschema reads `$schema` as the draft's URI before checking anything: a number there
+    # raised out of the check (a 500).
+    body = {"items": [{"messages": MSG, "params": params({"$schema": draft})}]}
+    with pytest.raises(InputError) as caught:
+        submit_job(harness.db, harness.settings, body)
+    assert (caught.value.code, caught.value.param) == ("invalid_schema", f"items[0].params.{field}")
+    assert "$schema must be a string" in caught.value.message
+
+
+def test_a_tools_parameters_may_reach_their_object_through_several_references(
+    harness: Harness,
+) -> None:
+    chain = {"$ref": "#/$defs/X", "$defs": {"X": {"$ref": "#/$defs/Y"},
+             "Y": {"type": "object", "properties": {"a": {"type": "string"}}}}}  # fmt: skip
+    body = {"items": [{"messages": MSG, "params": {"tools": [_tool("f", chain)]}}]}
+    submit_job(harness.db, harness.settings, body)
+    to_string = {**chain, "$defs": {**chain["$defs"], "Y": {"type": "string"}}}
+    body = {"items": [{"messages": MSG, "params": {"tools": [_tool("f", to_string)]}}]}
+    with pytest.raises(InputError) as caught:
+        submit_job(harness.db, harness.settings, body)
+    assert "not type 'string'" in caught.value.message

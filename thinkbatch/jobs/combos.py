@@ -119,15 +119,19 @@ def _check_schemas(params: SamplingParamsIn, p: str) -> None:
 
 
 def _root_type(schema: dict[str, Any]) -> Any:
-    """A schema's type at its root, through a root `$ref` to its own definitions (the shape
-    zod-to-json-schema writes: `{"$ref": "#/$defs/Args", "$defs": {...}}`). The references
-    were checked first (`schema_problem`): the pointer leads to a schema."""
-    ref = schema.get("$ref")
-    if "type" not in schema and isinstance(ref, str) and ref.startswith("#/"):
-        target = resolve(schema, ref[1:])
-        if isinstance(target, dict) and target is not schema:
-            return target.get("type")
-    return schema.get("type")
+    """A schema's type at its root, through root `$ref`s to its own definitions (the shape
+    zod-to-json-schema writes: `{"$ref": "#/$defs/Args", "$defs": {...}}`), however many
+    follow one another. The references were checked first (`schema_problem`): each pointer
+    leads to a schema, and no loop of them stays off the value."""
+    node: Any = schema
+    seen: set[int] = set()
+    while isinstance(node, dict) and "type" not in node and id(node) not in seen:
+        seen.add(id(node))
+        ref = node.get("$ref")
+        if not (isinstance(ref, str) and ref.startswith("#/")):
+            break
+        node = resolve(schema, ref[1:])
+    return node.get("type") if isinstance(node, dict) else None
 
 
 # An item's params when it overrides none (`Combinations._plain` stands for it).
