@@ -264,9 +264,11 @@ def test_the_scalers_query_is_autoscale_py_s_for_the_workers_model() -> None:
         deployment = named(overlay, "Deployment", scaled["spec"]["scaleTargetRef"]["name"])
         env = env_of(worker_container(deployment))
         served = env.get("THINKBATCH_SERVED_MODEL_NAME") or env["THINKBATCH_MODEL"]
+        # A set that serves adapters scales on their items too.
+        adapters = json.loads(env.get("THINKBATCH_LORA_ADAPTERS", "{}"))
         (trigger,) = scaled["spec"]["triggers"]
         assert trigger["type"] == "postgresql"
-        assert trigger["metadata"]["query"] == pending_work_sql(served), overlay
+        assert trigger["metadata"]["query"] == pending_work_sql(served, *adapters), overlay
         # KEDA reads the pods' own database URL.
         auth = named(overlay, "TriggerAuthentication", trigger["authenticationRef"]["name"])
         assert auth["spec"]["secretTargetRef"] == [
@@ -282,14 +284,27 @@ def test_the_scalers_query_is_autoscale_py_s_for_the_workers_model() -> None:
     assert seen == {"Qwen/Qwen3-8B", "Qwen/Qwen3-32B"}
 
 
+def worker_settings(deployment: dict[str, Any]) -> dict[str, Any]:
+    """The names a worker set serves, as its settings read them from its env."""
+    env = env_of(worker_container(deployment))
+    return {
+        "model": env["THINKBATCH_MODEL"],
+        "served_model_name": env.get("THINKBATCH_SERVED_MODEL_NAME"),
+        "lora_adapters": json.loads(env.get("THINKBATCH_LORA_ADAPTERS", "{}")),
+    }
+
+
 def test_the_api_accepts_every_model_its_workers_load() -> None:
     for overlay in OVERLAYS:
         config = named(overlay, "ConfigMap", "thinkbatch-config")["data"]
         models = {
-            env_of(worker_container(d))["THINKBATCH_MODEL"] for o, d in workers() if o == overlay
+            name
+            for o, d in workers()
+            if o == overlay
+            for name in Settings(_env_file=None, **worker_settings(d)).served_names
         }
-        # The API accepts each set's model, also while it is scaled to zero, and its default
-        # model is one of them.
+        # The API accepts each set's model and adapters, also while it is scaled to zero, and
+        # its default model is one of them.
         settings = Settings(
             _env_file=None,
             model=config["THINKBATCH_MODEL"],
