@@ -37,14 +37,17 @@ def pending_work_sql(model: str, *adapters: str) -> str:
     model is its own (`items.model`) or, when it names none, its job's. The jobs of a model are
     its whole history; `unfinished > 0` (the job row's count of its pending and running
     items, migration 0004) keeps the count to jobs with work left, each one index probe of its
-    items (ix_items_job_id_status_seq) however many jobs have ended."""
+    items (ix_items_job_id_status_seq) however many jobs have ended. A job past its window
+    counts only its running items: its pending ones will never run, and a worker started for
+    them would only expire them (the job's next read does that, JobService.get)."""
     statuses = ", ".join(sql_literal(status.value) for status in COUNTED)
     names = ", ".join(sql_literal(name) for name in (model, *adapters))
     return (
         "SELECT count(*) FROM items JOIN jobs ON jobs.id = items.job_id "  # noqa: S608 - quoted
         f"WHERE jobs.unfinished > 0 AND jobs.models ?| ARRAY[{names}] "
         f"AND coalesce(items.model, jobs.model) IN ({names}) "
-        f"AND items.status IN ({statuses})"
+        f"AND items.status IN ({statuses}) "
+        "AND (items.status = 'running' OR jobs.expires_at > now())"
     )
 
 

@@ -100,3 +100,18 @@ def test_a_hostile_model_name_counts_nothing(db: sa.Engine, settings: Settings) 
     seed_job(db, settings, n=2)
     assert _scaler_count(db, "x' OR '1'='1") == 0
     assert _scaler_count(db, "back\\slash'; SELECT 1; --") == 0
+
+
+def test_a_job_past_its_window_wakes_no_worker_for_its_pending_items(
+    db: sa.Engine, settings: Settings
+) -> None:
+    model = settings.model_name
+    job = seed_job(db, settings, n=5)
+    with db.begin() as conn:
+        assert len(ledger.claim(conn, job, owner="w1", n=2, lease_s=60)) == 2
+        conn.execute(
+            sa.text("UPDATE jobs SET expires_at = now() - interval '1 s' WHERE id = :id"),
+            {"id": job},
+        )
+    # Its running items keep their worker until they end; the pending ones will never run.
+    assert _scaler_count(db, model) == 2

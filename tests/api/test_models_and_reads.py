@@ -257,3 +257,23 @@ def test_a_native_job_is_no_cursor_of_the_batches(client: FlaskClient) -> None:
         "/v1/batches", json=_spec(_file(client, [_line("a", "thinkbatch-demo")]))
     ).json["id"]
     assert client.get(f"/v1/batches?after={batch}").status_code == 200
+
+
+def test_a_job_past_its_window_is_expired_by_the_read_that_finds_it(
+    make_app: Callable[..., Flask], db: sa.Engine
+) -> None:
+    """The sweeper runs in workers; with no worker of its model alive (a set scaled to zero,
+    whose scaler counts no lapsed job), a job past its window is expired by a status call or
+    a batch's retrieval, not shown queued for as long as no worker starts."""
+    client = _served(make_app, db, SERVED)
+    native = client.post("/v1/jobs", json={"model": "big", "items": [{"prompt": "a"}]})
+    assert native.status_code == 201, native.json
+    batch = client.post("/v1/batches", json=_spec(_file(client, [_line("a", "lora-a")])))
+    assert batch.status_code == 200, batch.json
+    with db.begin() as conn:
+        conn.execute(sa.text("UPDATE jobs SET expires_at = now() - interval '1 s'"))
+    polled = client.get(f"/v1/jobs/{native.json['id']}")
+    assert (polled.json["status"], polled.json["counts"]["expired"]) == ("expired", 1)
+    retrieved = client.get(f"/v1/batches/{batch.json['id']}")
+    assert retrieved.json["status"] == "expired", retrieved.json
+    assert client.get(f"/v1/jobs/{native.json['id']}").json["status"] == "expired"  # read again

@@ -425,7 +425,20 @@ class JobService:
 
     def get(self, caller: Caller, job_id: uuid.UUID) -> Job:
         with self.read_sessions() as session:
-            return read.get_job(session, caller, job_id)
+            job = read.get_job(session, caller, job_id)
+        if self._expired_on_read(job.id, job.status, job.expires_at):
+            return self._load(job_id)
+        return job
+
+    def _expired_on_read(self, job_id: uuid.UUID, status: str, expires_at: datetime) -> bool:
+        """Expire a job the read finds past its window, as the sweeper would, and say whether
+        it did. The sweeper runs in workers: a job of a model whose worker set is scaled to
+        zero (the autoscaler counts no lapsed job's pending items) or that no worker serves
+        would otherwise stay queued past its window for as long as no worker starts."""
+        if status not in ledger.RUNNABLE or expires_at > datetime.now(expires_at.tzinfo):
+            return False
+        with self.engine.begin() as conn:  # the ledger decides by the database's clock
+            return ledger.expire_job(conn, job_id) > 0
 
     def status(
         self, caller: Caller, job_id: uuid.UUID, conn: sa.Connection | None = None
@@ -438,6 +451,8 @@ class JobService:
         # Statements built once: this is what pollers call, many times a second. The live
         # workers matter only while the job has items waiting for them.
         job = read.job_record(conn, caller, job_id)
+        if self._expired_on_read(job.id, job.status, job.expires_at):
+            job = read.job_record(conn, caller, job_id)
         waiting: list[str] = []
         if job.pending > 0:
             live = self.live.get(conn)

@@ -11,10 +11,10 @@ answered in the error file; the batch runs the others, and one whose every line 
 completed at once, its files made then.
 
 Output and error files are made when a batch finishes (`make_files`: by the worker that
-finished it, the cancel that ended it, or the sweeper), never by a read: until then the batch
-is `finalizing`. Their sizes come from rendering the lines once (a finished job's results never
-change, and rendering is deterministic, lines.py); storing the rendered bytes instead would
-double the results' storage for files most callers read once.
+finished it, the cancel that ended it, the read that expired it, or the sweeper): until then
+the batch is `finalizing`. Their sizes come from rendering the lines once (a finished job's
+results never change, and rendering is deterministic, lines.py); storing the rendered bytes
+instead would double the results' storage for files most callers read once.
 """
 
 from __future__ import annotations
@@ -259,6 +259,14 @@ def get_batch(jobs: JobService, caller: Caller, key: uuid.UUID) -> Job:
         raise BatchNotFound(batch_id(key)) from None
     if job.endpoint is None:
         raise BatchNotFound(batch_id(key))
+    if (
+        job.status == JobStatus.expired
+        and job.output_file_id is None
+        and make_files(jobs.engine, key)
+    ):
+        # Expired by this read (JobService.get: no worker's sweeper may be alive to do it),
+        # it gets its files as a cancel's batch does.
+        job = jobs.get(caller, key)
     return job
 
 
