@@ -194,3 +194,29 @@ def rehomed(schema: Any, base: str) -> Any:
                 node[key] = "#" + base + ref[1:]
         stack.extend(child for _, child, _ in _children(node, ""))
     return copy
+
+
+# Keywords the engine's grammar compiler (xgrammar) compiles as if they were absent: a grammar
+# of such a schema lets through answers that break it, which the worker's check then fails as
+# answer_invalid, attempt after attempt (measured on xgrammar 0.2.8: `{"not": {"type":
+# "string"}}` accepts "x"; `dependentRequired` accepts `{"a": 1}` without its `b`).
+UNHELD_KEYWORDS = ("not", "dependentRequired", "dependentSchemas", "dependencies")
+
+
+def unheld_problem(schema: Any) -> str | None:
+    """The first keyword of `schema`'s subschemas that the engine's grammar cannot hold the
+    answer to (UNHELD_KEYWORDS), by pointer, or None. Only subschemas are read: a property
+    named `not`, or a `const` holding one, is data, not the keyword."""
+    stack: list[tuple[str, Any]] = [("", schema)]
+    while stack:
+        at, node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        for key in UNHELD_KEYWORDS:
+            if key in node:
+                return (
+                    f"{at}/{key}: the engine's grammar compiler does not enforce {key!r} (it "
+                    "would let answers that break it through); express it without the keyword"
+                )
+        stack.extend((child_at, child) for child_at, child, _ in _children(node, at))
+    return None

@@ -474,3 +474,35 @@ def test_a_tools_parameters_may_reach_their_object_through_several_references(
     with pytest.raises(InputError) as caught:
         submit_job(harness.db, harness.settings, body)
     assert "not type 'string'" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("schema", "where"),
+    [
+        ({"not": {"type": "string"}}, "/not"),
+        ({"type": "object", "properties": {"a": {"not": {"const": 1}}}}, "/properties/a/not"),
+        ({"type": "object", "dependentRequired": {"a": ["b"]}}, "/dependentRequired"),
+        ({"type": "object", "dependentSchemas": {"a": {"required": ["b"]}}}, "/dependentSchemas"),
+        ({"type": "object", "dependencies": {"a": ["b"]}}, "/dependencies"),
+        ({"$defs": {"X": {"not": {}}}, "$ref": "#/$defs/X"}, "/$defs/X/not"),
+    ],
+)
+def test_keywords_the_grammar_cannot_hold_are_refused_at_submit(
+    harness: Harness, schema: dict[str, Any], where: str
+) -> None:
+    # xgrammar compiles them as if absent: its answers broke them and failed the worker's
+    # check as answer_invalid, attempt after attempt.
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    body = {"items": [{"messages": MSG, "params": {"response_format": fmt}}]}
+    with pytest.raises(InputError) as caught:
+        submit_job(harness.db, harness.settings, body)
+    assert caught.value.code == "invalid_schema"
+    assert f"{where}: the engine's grammar compiler does not enforce" in caught.value.message
+
+
+def test_a_property_named_like_such_a_keyword_is_data() -> None:
+    from thinkbatch.jobs.asks import schema_problem
+
+    schema = {"type": "object", "properties": {"not": {"type": "integer"}},
+              "required": ["not"], "examples": [{"not": 1}]}  # fmt: skip
+    assert schema_problem(schema) is None

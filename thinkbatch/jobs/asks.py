@@ -27,6 +27,7 @@ from thinkbatch.bools import OnlyTrue
 from thinkbatch.limits import TOOLS_MAX
 from thinkbatch.sampling import tool_call_schema
 from thinkbatch.schema_refs import ref_problem
+from thinkbatch.schema_refs import unheld_problem
 
 _INPUT = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 FunctionName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
@@ -123,7 +124,7 @@ def schema_problem(schema: dict[str, Any]) -> str | None:
         return f"not a valid JSON Schema{' at ' + where if where else ''}: {error.message}"
     except RecursionError:  # bounded by MAX_JSON_DEPTH long before; kept as a 400 regardless
         return "not a valid JSON Schema: nested too deep"
-    return ref_problem(schema)
+    return ref_problem(schema) or unheld_problem(schema)
 
 
 def regex_problem(pattern: str) -> str | None:
