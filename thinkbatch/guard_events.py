@@ -120,7 +120,7 @@ class Guard:
         if len(first) >= want or not first:
             return first  # a spooled body gives what is asked: no copy
         # A stream of short reads (a byte at a time, at worst) gathers into one buffer, not a
-        # list of parts: a list of a million one-byte objects held about 90 MB for one piece.
+        # list of parts: a list of a million one-byte objects holds about 90 MB for one piece.
         piece = bytearray(first)
         while len(piece) < want:
             more = self.stream.read(want - len(piece))

@@ -603,8 +603,8 @@ class Settings(BaseSettings):
             raise ValueError("WORKER_DEAD_AFTER_S must be at least twice HEARTBEAT_S")
         if self.max_prompt_chars > self.max_item_chars:
             raise ValueError("MAX_PROMPT_CHARS must not exceed MAX_ITEM_CHARS")
-        # An adapter under the base model's name took every item of the base model (and every
-        # item naming none), and the base model could no longer be reached.
+        # An adapter under the base model's name would take every item of the base model (and
+        # every item naming none), and the base model could no longer be reached.
         if self.model_name in self.lora_adapters:
             raise ValueError(
                 f"LORA_ADAPTERS: {self.model_name!r} is the base model's served name "

@@ -607,9 +607,9 @@ class VLLMEngine:
             budget: int = SAMPLING_LIMITS["thinking_budget"].engine(s.thinking_budget)[1]
             return budget
         # `opened` means the prompt holds the model's <think> id (prompt_opens_thinking).
-        # vLLM takes the prompt's tokens after it off the budget: hand them back. (The
-        # <think>'s place in the prompt, handed back here before, let a model of a thinking
-        # template think about the prompt's length beyond its budget.)
+        # vLLM takes the prompt's tokens after it off the budget: hand back those, not the
+        # <think>'s place in the prompt, which would let a thinking template's model think
+        # the prompt's length beyond its budget.
         assert self.think.start_id is not None
         after_think = prompt_ids[::-1].index(self.think.start_id)
         return s.thinking_budget + after_think

@@ -51,7 +51,7 @@ def test_the_window_may_not_grow_to_less_than_its_size_at_rest() -> None:
 def test_an_adapter_must_have_a_name_of_its_own(
     names: dict[str, str], adapters: dict[str, str], match: str
 ) -> None:
-    # An adapter under the base model's name took every item of the base model.
+    # An adapter under the base model's name would take every item of the base model.
     with pytest.raises(ValidationError, match=match):
         Settings(_env_file=None, lora_adapters=adapters, **names)
     assert Settings(_env_file=None, lora_adapters={"sql": "/a"}, **names).served_names[1:] == [

@@ -454,7 +454,7 @@ def test_a_schema_whose_draft_is_not_a_string_is_refused_naming_it(
     harness: Harness, draft: Any, params: Any, field: str
 ) -> None:
     # jsonschema reads `$schema` as the draft's URI before checking anything: a number there
-    # raised out of the check (a 500).
+    # raises out of its check, which must not become a 500.
     body = {"items": [{"messages": MSG, "params": params({"$schema": draft})}]}
     with pytest.raises(InputError) as caught:
         submit_job(harness.db, harness.settings, body)
@@ -490,8 +490,8 @@ def test_a_tools_parameters_may_reach_their_object_through_several_references(
 def test_keywords_the_grammar_cannot_hold_are_refused_at_submit(
     harness: Harness, schema: dict[str, Any], where: str
 ) -> None:
-    # xgrammar compiles them as if absent: its answers broke them and failed the worker's
-    # check as answer_invalid, attempt after attempt.
+    # xgrammar compiles them as if absent: its answers could break them and fail the
+    # worker's check as answer_invalid, attempt after attempt.
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
     body = {"items": [{"messages": MSG, "params": {"response_format": fmt}}]}
     with pytest.raises(InputError) as caught:

@@ -114,8 +114,8 @@ def schema_problem(schema: dict[str, Any]) -> str | None:
     2020-12 when it names none), or has references the engine and the worker cannot follow
     safely (thinkbatch/schema_refs.py), or None."""
     if not isinstance(schema.get("$schema", ""), str):
-        # jsonschema reads the draft's URI from `$schema` before any check of its own, and a
-        # number, a list or a bool there raised (a 500) rather than a SchemaError.
+        # jsonschema reads the draft's URI from `$schema` before any check of its own: a
+        # number, a list or a bool there raises TypeError or AttributeError, not SchemaError.
         return "not a valid JSON Schema: $schema must be a string (the URI of a draft)"
     try:
         validator_for(schema, default=validator_for({})).check_schema(schema)
