@@ -29,6 +29,7 @@ from worker.reaper import spawn_reaper
 from worker.reaper import watch_processes
 from worker.runner import EXIT_SHUTDOWN_TIMEOUT
 from worker.runner import Runner
+from worker.runner import check_served_names
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ def load_engine(sender: Any = None, **_: Any) -> None:
     own_queue = worker_direct(sender.hostname)
     try:
         db = make_engine(settings)
+        check_served_names(settings, db)
 
         def publish(job_id: uuid.UUID) -> bool:
             """Hints for a job on the queues of its models (a slice handed on, a lost hint)."""
@@ -74,9 +76,12 @@ def load_engine(sender: Any = None, **_: Any) -> None:
         worker_metrics.serve(settings, runner)
         watched = watch_processes(write_end, exclude={_reaper.pid})
         log.info("engine processes under the reaper's watch: %s", watched)
-    except Exception:
+    except Exception as error:
         # Fail fast: a worker without an engine must not consume (and drop) job messages.
-        log.exception("could not start the engine")
+        if isinstance(error, ledger.ServedNameTaken):
+            log.error("refusing to start, served names taken: %s", error)
+        else:
+            log.exception("could not start the engine")
         _kill_children(exclude=None)  # an engine that did start must not outlive us
         logging.shutdown()
         os._exit(2)

@@ -52,7 +52,9 @@ def test_the_floor_of_a_prompt_and_of_messages() -> None:
 def _worker(db: sa.Engine, name: str, *, stale: bool = False, **shape: int | None) -> None:
     values = {"max_model_len": 64, "token_bytes_max": 4, "message_tokens_min": 3, **shape}
     with db.begin() as conn:
-        ledger.register_worker(conn, name, hostname="h", pid=1, model="thinkbatch-demo", **values)
+        ledger.register_worker(
+            conn, name, hostname="h", pid=1, model="thinkbatch-demo", dead_after_s=60, **values
+        )
         if stale:
             conn.execute(
                 sa.text(
@@ -189,7 +191,9 @@ def test_an_item_is_bounded_by_the_model_its_job_names(
     _worker(db, "w-small")  # thinkbatch-demo: 64 tokens
     with db.begin() as conn:
         shape = {"max_model_len": 100_000, "token_bytes_max": 4, "message_tokens_min": 3}
-        ledger.register_worker(conn, "w-big", hostname="h", pid=2, model=OTHER, **shape)
+        ledger.register_worker(
+            conn, "w-big", hostname="h", pid=2, model=OTHER, dead_after_s=60, **shape
+        )
     client = keyed_client(make_app(served_models=["thinkbatch-demo", OTHER]), make_key(db, TENANT))
 
     def submit(model: str) -> Any:

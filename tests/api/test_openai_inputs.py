@@ -418,7 +418,9 @@ def _finish(db: sa.Engine, job_id: uuid.UUID) -> None:
     making the batch's files (the test decides when)."""
     owner = "test-worker"
     with db.begin() as conn:
-        ledger.register_worker(conn, owner, hostname="h", pid=1, model="thinkbatch-demo")
+        ledger.register_worker(
+            conn, owner, hostname="h", pid=1, model="thinkbatch-demo", dead_after_s=60
+        )
         claimed = ledger.claim(conn, job_id, owner=owner, n=100, lease_s=60)
         ledger.complete(
             conn,

@@ -210,3 +210,33 @@ def test_a_worker_killed_mid_job_and_restarted_keeps_every_item_on_its_model(
         ).all()
     # The killed model's items were run by the worker before the kill and the one after it.
     assert dict(workers)[killed] == 2
+
+
+def test_a_worker_whose_adapter_is_named_like_another_base_model_refuses_to_start(
+    models: Models, client: Client
+) -> None:
+    # A worker of a third base model serving an adapter named like BASE would take BASE's
+    # items and run them on its own weights.
+    before = {m: w.pid for m, w in models.workers.items()}
+    proc = models.stack.start_worker(
+        "clash",
+        env={
+            "THINKBATCH_SERVED_MODEL_NAME": "tiny-c",
+            "THINKBATCH_LORA_ADAPTERS": json.dumps({BASE: "/adapters/not-read"}),
+        },
+        wait=False,
+    )
+    assert proc.wait(60) == 2
+    log = proc.log_text()
+    assert "refusing to start, served names taken" in log and repr(BASE) in log
+    assert "ready." not in log
+    with models.db.connect() as conn:
+        assert (
+            conn.execute(sa.text("SELECT count(*) FROM workers WHERE model = 'tiny-c'")).scalar()
+            == 0
+        )
+    # The fleet goes on as before: a mixed job still runs every item on its own model.
+    assert {m: w.pid for m, w in models.workers.items() if w.alive()} == before
+    job = client.submit(mixed(30, prefix="after-clash-"), model=BASE, params=PARAMS)
+    assert client.wait(job["id"], timeout=120)["counts"]["succeeded"] == 30
+    check_routed(models.db, job["id"], 30)

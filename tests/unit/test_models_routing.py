@@ -60,12 +60,9 @@ def harness(settings: Settings, db: sa.Engine) -> Iterator[Harness]:
 
 def register(db: sa.Engine, owner: str, model: str, adapters: list[str] | None = None) -> None:
     with db.begin() as conn:
-        ledger.register_worker(conn, owner, hostname="h", pid=1, model=model)
-        if adapters is not None:
-            conn.execute(
-                sa.text("UPDATE workers SET adapters = CAST(:a AS jsonb) WHERE id = :id"),
-                {"a": json.dumps(adapters), "id": owner},
-            )
+        ledger.register_worker(
+            conn, owner, hostname="h", pid=1, model=model, adapters=adapters, dead_after_s=60
+        )
 
 
 def claim_as(

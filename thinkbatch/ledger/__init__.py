@@ -77,8 +77,11 @@ from thinkbatch.ledger.submits import insert_refused_job
 from thinkbatch.ledger.submits import lock_tenant
 from thinkbatch.ledger.submits import settle_job
 from thinkbatch.ledger.submits import stored_items
+from thinkbatch.ledger.workers import NameClash
+from thinkbatch.ledger.workers import ServedNameTaken
 from thinkbatch.ledger.workers import beat
 from thinkbatch.ledger.workers import mark_stopped
+from thinkbatch.ledger.workers import name_clashes
 from thinkbatch.ledger.workers import owners_to_release
 from thinkbatch.ledger.workers import register_worker
 from thinkbatch.ledger.workers import stop_silent_workers
@@ -97,6 +100,7 @@ __all__ = [
     "Lock",
     "Locked",
     "ModelFilter",
+    "NameClash",
     "NewJob",
     "ToDrive",
     "add_counts",
@@ -131,8 +135,10 @@ __all__ = [
     "lock_tenant",
     "mark_hinted",
     "mark_stopped",
+    "name_clashes",
     "owners_to_release",
     "register_worker",
+    "ServedNameTaken",
     "release",
     "release_crashed",
     "release_lapsed",

@@ -3,11 +3,77 @@ must be released."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
+# pg_advisory_xact_lock key: "tbregst" as an integer, shared by every worker of a deployment.
+REGISTER_LOCK_KEY = int.from_bytes(b"tbregst", "big")
+
 # Every statement on the workers table is here, and all of them use the database's clock:
 # heartbeats are judged by other hosts, whose clocks may differ from the one that wrote them.
+
+
+@dataclass(frozen=True, slots=True)
+class NameClash:
+    """A served name that a live worker of another base model also serves."""
+
+    name: str
+    worker_id: str
+    hostname: str
+    model: str  # that worker's base model
+    as_adapter: bool  # whether that worker serves `name` as one of its adapters
+
+
+class ServedNameTaken(Exception):
+    """A worker may not start: names it would serve mean something else on the fleet."""
+
+    def __init__(self, clashes: list[NameClash]):
+        self.clashes = clashes
+        super().__init__(
+            "; ".join(
+                f"{c.name!r} is served by worker {c.worker_id} on {c.hostname} as "
+                + (f"an adapter of {c.model!r}" if c.as_adapter else "its base model")
+                for c in clashes
+            )
+        )
+
+
+# An item names the model it runs on by served name, and any live worker serving that name
+# claims it. A name must therefore mean one thing across the fleet: an adapter of base B named
+# like base A, or adapters of two bases sharing a name, would let one set take (and run on the
+# wrong weights) items meant for another. Workers of one base model may differ in adapters: a
+# set that rolls out a new adapter serves it on some workers before others. A worker serving
+# no adapter has SQL NULL or JSON null there.
+_CLASHES = sa.text(
+    """
+    SELECT w.id, w.hostname, w.model, n.name, n.name <> w.model AS as_adapter
+    FROM workers AS w,
+         LATERAL (SELECT w.model AS name
+                  UNION ALL
+                  SELECT jsonb_array_elements_text(CASE jsonb_typeof(w.adapters)
+                                                   WHEN 'array' THEN w.adapters
+                                                   ELSE '[]' END)) AS n
+    WHERE w.stopped_at IS NULL
+      AND w.heartbeat_at > now() - make_interval(secs => :dead_after_s)
+      AND w.model <> :model
+      AND n.name = ANY(:names)
+    ORDER BY n.name, w.id
+    """
+)
+
+
+def name_clashes(
+    conn: sa.Connection, model: str, adapters: list[str] | None, *, dead_after_s: float
+) -> list[NameClash]:
+    """The served names of a worker of `model` with `adapters` that live workers of other base
+    models also serve."""
+    rows = conn.execute(
+        _CLASHES,
+        {"model": model, "names": [model, *(adapters or ())], "dead_after_s": dead_after_s},
+    )
+    return [NameClash(r.name, r.id, r.hostname, r.model, r.as_adapter) for r in rows]
 
 
 def register_worker(
@@ -21,9 +87,19 @@ def register_worker(
     max_model_len: int | None = None,
     token_bytes_max: int | None = None,
     message_tokens_min: int | None = None,
+    dead_after_s: float,
 ) -> None:
     """A worker that is up: its base model, and the served names of the LoRA adapters it serves
-    beside it (`adapters`; None: it serves none)."""
+    beside it (`adapters`; None: it serves none).
+
+    A name that a worker of another base model serves, one heard from within `dead_after_s`,
+    refuses the registration (ServedNameTaken). Registrations take turns on an advisory lock,
+    so that two workers starting at once with clashing names cannot both find the other
+    absent."""
+    conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": REGISTER_LOCK_KEY})
+    clashes = name_clashes(conn, model, adapters, dead_after_s=dead_after_s)
+    if clashes:
+        raise ServedNameTaken(clashes)
     conn.execute(
         sa.text(
             "INSERT INTO workers (id, hostname, pid, model, adapters, max_model_len, "

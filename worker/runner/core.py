@@ -49,6 +49,26 @@ from worker.runner.writer import Writer
 
 log = logging.getLogger(__name__)
 
+
+def check_served_names(settings: Settings, db: sa.Engine) -> None:
+    """Raise ServedNameTaken if live workers of another base model serve a name this worker
+    would. Registration checks again, atomically; this check comes before the engine loads,
+    which takes minutes for a large model that registration would then refuse."""
+
+    def read() -> list[ledger.NameClash]:
+        with reads(db).connect() as conn:
+            return ledger.name_clashes(
+                conn,
+                settings.model_name,
+                list(settings.lora_adapters),
+                dead_after_s=settings.worker_dead_after_s,
+            )
+
+    clashes = retry_transient(read, attempts=30)
+    if clashes:
+        raise ledger.ServedNameTaken(clashes)
+
+
 EXIT_ENGINE_DEAD = 3
 EXIT_SHUTDOWN_TIMEOUT = 4
 PROGRESS_INTERVAL_S = 1.0
@@ -225,6 +245,7 @@ class Runner:
                     max_model_len=shape.max_model_len if shape else None,
                     token_bytes_max=shape.token_bytes_max if shape else None,
                     message_tokens_min=shape.message_tokens_min if shape else None,
+                    dead_after_s=self.settings.worker_dead_after_s,
                 )
 
         retry_transient(register, attempts=30)
