@@ -12,8 +12,9 @@ Qwen3 writes `<think>…</think>` and then the answer. The cases this module han
 * closed by the thinking budget: the engine forced `</think>` after `thinking_budget` tokens
   and the model answered; `thinking_truncated(...)` says so from the token count.
 
-The engine adapters, the runner and the tests use this module's functions (split, count,
-truncated, and whether a prompt opens the block); nothing else parses thinking.
+The engine adapters, the runner and the tests use this module's functions (split, where the
+answer starts, count, truncated, and whether a prompt opens the block); nothing else parses
+thinking.
 """
 
 from __future__ import annotations
@@ -66,6 +67,23 @@ def split_thinking(text: str, *, opened_in_prompt: bool = False) -> ThinkingSpli
     if opened_in_prompt:
         return ThinkingSplit(text.strip(), "", truncated=True)
     return ThinkingSplit("", text, truncated=False)
+
+
+def answer_start(text: str, *, opened_in_prompt: bool = False) -> int | None:
+    """Where the answer that `split_thinking` finds in `text` begins, or None while `text`
+    (a generation so far) has not reached it: inside the thinking, in the line breaks after
+    `</think>`, or not yet past a start that may be `<think>`."""
+    end = text.find(THINK_END)
+    if end >= 0:
+        rest = end + len(THINK_END)
+        answer = len(text) - len(text[rest:].lstrip(_SEPARATOR))
+        return answer if answer < len(text) else None
+    stripped = text.lstrip()
+    if stripped.startswith(THINK_START) or opened_in_prompt:
+        return None
+    if THINK_START.startswith(stripped):  # "" or part of the tag: not yet known
+        return None
+    return 0
 
 
 def count_reasoning_tokens(

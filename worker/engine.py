@@ -47,6 +47,9 @@ class Prepared:
     sampling: Sampling
     native: Any = None  # the engine's own request parameters, prebuilt
     answer_only: bool = False  # the output has no thinking to wait for (a raw prompt)
+    # Stop strings the adapter finds in the answer itself, the engine having none of them, as
+    # the answer arrives (worker/answer_stops.py): an item that may think.
+    answer_stops: tuple[str, ...] = ()
     # The engine's own handle of the adapter the item runs on (vLLM: its LoRARequest); None:
     # the base model.
     adapter: Any = None
@@ -65,6 +68,9 @@ class Generation:
     prompt_tokens: int
     logprobs: list[dict[str, Any]] | None = None
     more: list[Generation] | None = None
+    # What of the request ended it, with finish_reason "stop": one of its stop strings, or one
+    # of its stop_token_ids; None: the model ended it (EOS), or another finish reason.
+    stop_reason: str | int | None = None
 
     def choices(self) -> list[Generation]:
         return [self, *(self.more or ())]

@@ -12,6 +12,7 @@ Faults while preparing: `[[fail-render]]`, `[[fail-tokenize]]` and `[[fail-param
 does); `[[fail-submit]]` has the request refused as it is submitted. Sampling values vLLM's
 SamplingParams refuses (temperature outside [0, 2], an empty stop string) raise too.
 A `thinking_budget` is honoured as vLLM's is: the thinking is cut and `</think>` forced.
+Stop strings end the answer as the vLLM adapter ends it, never the thinking.
 The request vocabulary is served as vLLM serves it, in shape: `n` choices (each answer marked
 with its index), logprobs of every token, a JSON answer that fits the item's schema (built from
 it, not sampled), tool calls in Qwen3's format when a prompt says `[[tool]]` (and always with
@@ -41,6 +42,7 @@ from thinkbatch.ledger import Claimed
 from thinkbatch.sampling import Sampling
 from thinkbatch.settings import Settings
 from thinkbatch.thinking import prompt_opens_thinking
+from worker.answer_stops import AnswerStops
 from worker.engine import EngineDead
 from worker.engine import Generation
 from worker.engine import ItemRejected
@@ -80,6 +82,25 @@ def decode(ids: Sequence[int]) -> str:
         elif token not in _HIDDEN:
             out.extend(_NAMES[token].encode())
     return out.decode(errors="replace")
+
+
+def _cut_at_stop(
+    prepared: Prepared, ids: list[int]
+) -> tuple[list[int], str, str, str | None] | None:
+    """The tokens and text of a choice cut at the first stop string of its answer, found token
+    by token as vLLM's adapter finds it (worker/answer_stops.py); None if none is there."""
+    s = prepared.sampling
+    stops = AnswerStops(
+        s.stop, opened_in_prompt=prepared.opened_in_prompt, keep=s.include_stop_str_in_output
+    )
+    for k in range(1, len(ids) + 1):
+        text = decode(ids[:k])
+        if text.endswith("\ufffd"):  # inside a character: the detokenizer holds it back
+            continue
+        cut = stops.feed(text)
+        if cut is not None:
+            return ids[:k], "stop", text[: cut.text_end], cut.stop
+    return None
 
 
 def render_chat(
@@ -250,7 +271,18 @@ class FakeEngine:
         tag = f"[{prepared.adapter}] " if prepared.adapter else ""
         return f"{tag}Answer: {snippet[::-1]}{mark}"
 
-    def _output(self, prepared: Prepared, prompt: str, index: int = 0) -> tuple[list[int], str]:
+    def _output(
+        self, prepared: Prepared, prompt: str, index: int = 0
+    ) -> tuple[list[int], str, str, str | None]:
+        """(token ids, finish reason, text, stop string that ended it) of one choice."""
+        ids, finish = self._generated(prepared, prompt, index)
+        if prepared.sampling.stop:
+            cut = _cut_at_stop(prepared, ids)
+            if cut is not None:
+                return cut
+        return ids, finish, decode(ids), None
+
+    def _generated(self, prepared: Prepared, prompt: str, index: int) -> tuple[list[int], str]:
         question = prompt.rsplit("user\n", 1)[-1].split("\nassistant\n")[0]
         snippet = " ".join(question.split())[:40]
         answer = self._answer(prepared, prompt, snippet, index)
@@ -293,7 +325,7 @@ class FakeEngine:
         if "[[fail-submit]]" in prompt:
             raise ItemRejected("invalid_request", "injected refusal of the request")
         outputs = [self._output(prepared, prompt, i) for i in range(prepared.sampling.n)]
-        longest = max(len(ids) for ids, _ in outputs)
+        longest = max(len(ids) for ids, _, _, _ in outputs)
         steps = float("inf") if "[[hang]]" in prompt else longest
         seq = _Seq(remaining=steps, future=asyncio.get_running_loop().create_future())
         self._waiting.append(seq)
@@ -303,12 +335,13 @@ class FakeEngine:
         choices = [
             Generation(
                 token_ids=ids,
-                text=decode(ids),
+                text=text,
                 finish_reason=finish,
                 prompt_tokens=len(prepared.prompt_ids),
                 logprobs=[_logprob(t, top) for t in ids] if top is not None else None,
+                stop_reason=stop,
             )
-            for ids, finish in outputs
+            for ids, finish, text, stop in outputs
         ]
         first = choices[0]
         first.more = choices[1:] or None

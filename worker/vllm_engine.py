@@ -9,6 +9,7 @@ and `LoRARequest` (adapters).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -48,6 +49,7 @@ from thinkbatch.thinking import THINK_END
 from thinkbatch.thinking import THINK_START
 from thinkbatch.thinking import prompt_opens_thinking
 from worker.affinity import keep_off_compute_cores
+from worker.answer_stops import StoppingChoices
 from worker.engine import AdapterError
 from worker.engine import EngineDead
 from worker.engine import Generation
@@ -226,6 +228,14 @@ def structured_params(structured: Structured | None) -> StructuredOutputsParams 
     if structured.kind == "choice":
         return StructuredOutputsParams(choice=list(structured.spec))  # type: ignore[arg-type]
     return StructuredOutputsParams(grammar=str(structured.spec))
+
+
+def _stop_reason(reason: str | int | None, sampling: Sampling) -> str | int | None:
+    """vLLM's stop_reason, if the request's own stop strings or stop_token_ids gave it: vLLM
+    also names the model's end-of-text ids from its generation config there."""
+    if isinstance(reason, str) or reason in sampling.stop_token_ids:
+        return reason
+    return None
 
 
 def _refusal_code(sampling: Sampling, error: Exception | None = None) -> RejectionCode:
@@ -572,8 +582,13 @@ class VLLMEngine:
                     )
                 )
                 continue
+            # A raw prompt has no chat turn for the reasoning parser to find the end of the
+            # thinking in: its constraint would wait for a </think> that never comes. Unless
+            # it opened a <think> itself, its output is the answer.
+            answer_only = items[i].messages is None and not opened
+            answer_stops = () if answer_only else params.stop
             try:
-                native = self._sampling_params(params, ids[i], opened)
+                native = self._sampling_params(params, ids[i], opened, bool(answer_stops))
             except Exception as error:  # noqa: BLE001 - vLLM refuses this item's values
                 out.append(ItemRejected(_refusal_code(params, error), str(error)))
                 continue
@@ -583,10 +598,8 @@ class VLLMEngine:
                     opened_in_prompt=opened,
                     sampling=params,
                     native=native,
-                    # A raw prompt has no chat turn for the reasoning parser to find the end of
-                    # the thinking in: its constraint would wait for a </think> that never
-                    # comes. Unless it opened a <think> itself, its output is the answer.
-                    answer_only=items[i].messages is None and not opened,
+                    answer_only=answer_only,
+                    answer_stops=answer_stops,
                     # The base model's name, or any other, runs on the base: the claim only
                     # hands this worker the names it serves.
                     adapter=self._adapters.get(items[i].model or ""),
@@ -614,9 +627,18 @@ class VLLMEngine:
         after_think = prompt_ids[::-1].index(self.think.start_id)
         return s.thinking_budget + after_think
 
-    def _sampling_params(self, s: Sampling, prompt_ids: list[int], opened: bool) -> SamplingParams:
+    def _sampling_params(
+        self, s: Sampling, prompt_ids: list[int], opened: bool, stops_here: bool
+    ) -> SamplingParams:
+        """`stops_here`: the item's stop strings are found in the answer by generate, as the
+        text arrives (worker/answer_stops.py), not by vLLM, which would match them in the
+        thinking too."""
         prompt_len = len(prompt_ids)
         detokenize = bool(s.stop) or s.include_stop_str_in_output
+        if stops_here:
+            # An empty stop string is refused as vLLM refuses it, with its own message.
+            if any(stop == "" for stop in s.stop):
+                raise ValueError("stop cannot contain an empty string.")
         return SamplingParams(
             n=s.n,
             min_p=s.min_p,
@@ -632,14 +654,15 @@ class VLLMEngine:
             top_p=s.top_p,
             top_k=s.top_k,
             seed=s.seed,
-            stop=list(s.stop) or None,
+            stop=None if stops_here else list(s.stop) or None,
             presence_penalty=s.presence_penalty,
             frequency_penalty=s.frequency_penalty,
             repetition_penalty=s.repetition_penalty,
             ignore_eos=s.ignore_eos,
             thinking_token_budget=self._thinking_token_budget(s, prompt_ids, opened),
-            # One output per request, not one Python object per generated token.
-            output_kind=RequestOutputKind.FINAL_ONLY,
+            # One output per request, not one Python object per generated token; an item
+            # whose stop strings generate finds needs the text step by step.
+            output_kind=RequestOutputKind.DELTA if stops_here else RequestOutputKind.FINAL_ONLY,
             # Stop strings need vLLM's incremental detokenizer; otherwise the text is decoded
             # once from the final token ids (generate), which costs far less per token.
             detokenize=detokenize,
@@ -651,15 +674,22 @@ class VLLMEngine:
     async def generate(self, request_id: str, prepared: Prepared) -> Generation:
         assert self.llm is not None
         final = None
+        stopping = StoppingChoices(prepared) if prepared.answer_stops else None
         try:
-            async for output in self.llm.generate(
+            outputs = self.llm.generate(
                 tokens_input(prepared.prompt_ids),
                 prepared.native,
                 request_id,
                 lora_request=prepared.adapter,
                 reasoning_ended=True if prepared.answer_only else None,
-            ):
-                final = output
+            )
+            # Closing the stream early (every choice has met a stop string in its answer) is
+            # how vLLM is told to abort the request: its generate aborts on GeneratorExit.
+            async with contextlib.aclosing(outputs):
+                async for output in outputs:
+                    final = output
+                    if stopping is not None and stopping.add(output.outputs):
+                        break
         except EngineDeadError as error:
             raise EngineDead(str(error)) from error
         except VLLMClientError as error:  # request validation: retrying cannot help
@@ -674,12 +704,13 @@ class VLLMEngine:
             if isinstance(cause, ValueError):
                 raise ItemRejected(_refusal_code(prepared.sampling, cause), str(cause)) from error
             raise
-        if final is None or not final.outputs:
+        completions = stopping.completions() if stopping else final and final.outputs
+        if final is None or not completions:
             raise RuntimeError("the engine returned no output")
         prompt_tokens = len(final.prompt_token_ids or prepared.prompt_ids)
         choices = [
             self._choice(completion, prepared, prompt_tokens)
-            for completion in sorted(final.outputs, key=lambda c: c.index)
+            for completion in sorted(completions, key=lambda c: c.index)
         ]
         first = choices[0]
         first.more = choices[1:] or None
@@ -697,6 +728,7 @@ class VLLMEngine:
             finish_reason=completion.finish_reason or "abort",
             prompt_tokens=prompt_tokens,
             logprobs=logprobs,
+            stop_reason=_stop_reason(completion.stop_reason, prepared.sampling),
         )
 
     def _logprobs(self, token_ids: list[int], per_token: Any, top: int) -> list[dict[str, Any]]:

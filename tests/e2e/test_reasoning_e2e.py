@@ -149,3 +149,58 @@ def test_speculation_runs_and_leaves_greedy_answers_unchanged(
         assert (other["thinking"], other["answer"]) == (record["thinking"], record["answer"])
         assert other["usage"] == record["usage"]
         assert other["thinking_truncated"] == record["thinking_truncated"]
+
+
+def _words(text: str) -> list[str]:
+    return [w.strip(".,;:!?\"'()") for w in text.split()]
+
+
+@pytest.fixture(scope="module")
+def stopped(vllm_db: tuple[str, str, sa.Engine], plain: dict[str, Any]) -> dict[str, Any]:
+    """The free item again, with stop strings taken from its own greedy output: one that its
+    thinking holds and its answer does not, and one that both hold."""
+    url, redis_url, db = vllm_db
+    free = plain["items"]["none"]
+    thinking, answer = free["thinking"], free["answer"]
+    in_thinking = next(w for w in _words(thinking) if len(w) >= 4 and w not in answer)
+    answer_words = _words(answer)
+    in_both = next(w for w in answer_words[1:] if len(w) >= 3 and w in thinking)
+    items = [
+        {"custom_id": "thinking-only", "messages": QUESTION,
+         "params": {**GREEDY, "stop": [in_thinking]}},
+        {"custom_id": "both", "messages": QUESTION, "params": {**GREEDY, "stop": [in_both]}},
+        {"custom_id": "choices", "messages": QUESTION,
+         "params": {"temperature": 0.8, "seed": 3, "stop": [in_both], "n": 2, "logprobs": True}},
+    ]  # fmt: skip
+    return {"run": _run(_settings(url, redis_url), db, items), "words": (in_thinking, in_both)}
+
+
+def test_stop_strings_end_the_answer_never_the_thinking(
+    plain: dict[str, Any], stopped: dict[str, Any]
+) -> None:
+    free = plain["items"]["none"]
+    got = stopped["run"]["items"]
+    in_thinking, in_both = stopped["words"]
+    # vLLM matches stop strings over the whole output: given them, it would have ended both
+    # items inside their thinking, with no answer.
+    untouched = got["thinking-only"]
+    assert in_thinking in untouched["thinking"]
+    assert (untouched["thinking"], untouched["answer"]) == (free["thinking"], free["answer"])
+    assert untouched["usage"] == free["usage"] and untouched["finish_reason"] == "stop"
+    cut = got["both"]
+    assert in_both in cut["thinking"] and cut["thinking"] == free["thinking"]
+    expected = free["answer"][: free["answer"].index(in_both)]
+    assert cut["answer"].rstrip() == expected.rstrip() and in_both not in cut["answer"]
+    assert cut["finish_reason"] == "stop" and cut["thinking_truncated"] is False
+    tokens, reasoning = cut["usage"]["completion_tokens"], cut["usage"]["reasoning_tokens"]
+    assert reasoning == free["usage"]["reasoning_tokens"]
+    assert reasoning < tokens < free["usage"]["completion_tokens"]
+    # Each of n sampled choices ends at its own answer's stop, and the logprobs are those of
+    # the first choice's answer.
+    sampled = got["choices"]
+    assert len(sampled["choices"]) == 2
+    assert all(in_both not in c["answer"] for c in sampled["choices"]), sampled["choices"]
+    # The tokens cover the answer; the last may also hold the stop string's first characters.
+    joined = "".join(t["token"] for t in sampled["logprobs"])
+    assert joined.startswith(sampled["answer"]), (joined, sampled["answer"])
+    assert in_both.startswith(joined[len(sampled["answer"]) :].strip())

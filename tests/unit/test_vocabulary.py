@@ -506,3 +506,42 @@ def test_a_property_named_like_such_a_keyword_is_data() -> None:
     schema = {"type": "object", "properties": {"not": {"type": "integer"}},
               "required": ["not"], "examples": [{"not": 1}]}  # fmt: skip
     assert schema_problem(schema) is None
+
+
+def test_stop_strings_end_the_answer_never_the_thinking(harness: Harness) -> None:
+    # The fake's output: "<think>\nThinking about What is 2 + 2?.\n</think>\n\nAnswer: ...".
+    items = [
+        {"custom_id": "plain", "messages": MSG},
+        {"custom_id": "in-thinking", "messages": MSG, "params": {"stop": ["Thinking", "\n"]}},
+        {"custom_id": "in-answer", "messages": MSG, "params": {"stop": ": "}},
+        {"custom_id": "kept", "messages": MSG,
+         "params": {"stop": ": ", "include_stop_str_in_output": True}},
+        {"custom_id": "off", "messages": MSG, "params": {"stop": ": ", "enable_thinking": False}},
+        {"custom_id": "lp", "messages": MSG, "params": {"stop": ": ", "logprobs": True}},
+        {"custom_id": "n2", "messages": MSG, "params": {"stop": ": ", "n": 2}},
+        {"custom_id": "json", "messages": MSG,
+         "params": {"stop": '"answer"', "response_format": JSON_SCHEMA}},
+    ]  # fmt: skip
+    got = _run(harness, {"items": items})
+    plain = got["plain"]
+    assert plain["thinking"].startswith("Thinking about") and "\n" not in plain["answer"]
+    # Stop strings that only the thinking holds: the item thinks and answers as without them.
+    same = got["in-thinking"]
+    assert (same["thinking"], same["answer"]) == (plain["thinking"], plain["answer"])
+    assert same["usage"]["completion_tokens"] == plain["usage"]["completion_tokens"]
+    cut = got["in-answer"]
+    assert cut["thinking"] == plain["thinking"] and cut["answer"] == "Answer"
+    assert cut["finish_reason"] == "stop"
+    assert cut["usage"]["completion_tokens"] < plain["usage"]["completion_tokens"]
+    assert got["kept"]["answer"] == "Answer: "
+    assert got["off"]["thinking"] == "" and got["off"]["answer"] == "Answer"
+    assert "".join(t["token"] for t in got["lp"]["logprobs"]) == "Answer"
+    assert [c["answer"] for c in got["n2"]["choices"]] == ["Answer", "Answer"]
+    # A stop string that cuts a JSON answer cuts it again on a retry: the item fails at once,
+    # saying why.
+    failed = got["json"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "answer_invalid"
+    assert (
+        failed["attempts"] == 1
+        and "cut by the stop string '\"answer\"'" in failed["error"]["message"]
+    )

@@ -224,9 +224,16 @@ def _choice(
     try:
         parsed = parse_answer(split.answer, sampling, f"call_{item.id:x}_{index}")
     except AnswerInvalid as error:
-        cut = gen.finish_reason == "length"
-        why = " (cut by max_tokens: raise it)" if cut else ""
-        raise _Invalid(f"choice {index}: {error}{why}", retryable=not cut) from None
+        # Cut by the request's own limits, an answer is cut again on a retry: only an answer
+        # the model ended itself may come out whole on another attempt.
+        if gen.finish_reason == "length":
+            why = " (cut by max_tokens: raise it)"
+        elif gen.stop_reason is not None:
+            kind = "string" if isinstance(gen.stop_reason, str) else "token"
+            why = f" (cut by the stop {kind} {gen.stop_reason!r})"
+        else:
+            why = ""
+        raise _Invalid(f"choice {index}: {error}{why}", retryable=not why) from None
     record["answer"] = parsed.content
     if parsed.tool_calls:
         record["tool_calls"] = parsed.tool_calls

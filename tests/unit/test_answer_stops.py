@@ -1,0 +1,129 @@
+"""Stop strings end the answer, never the thinking: where the answer starts as the text grows,
+the cut vLLM would make there, and choices put together from an engine's deltas."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from thinkbatch.sampling import resolve_sampling
+from thinkbatch.thinking import answer_start
+from thinkbatch.thinking import split_thinking
+from worker.answer_stops import AnswerStops
+from worker.answer_stops import StoppingChoices
+from worker.engine import Prepared
+
+THOUGHT = "<think>\nThe user wants a list.\n\nAnswer: one line each.\n</think>\n\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "opened", "start"),
+    [
+        ("", False, None),
+        ("<th", False, None),  # may be the opening tag
+        ("<think>\nplanning", False, None),
+        ("<think>\nplanning</think>", False, None),
+        ("<think>\nplanning</think>\n\n", False, None),  # the line breaks are not the answer
+        ("<think>\nx</think>\n\n Hi", False, len("<think>\nx</think>\n\n")),
+        ("planning\n</think>\nHi", True, len("planning\n</think>\n")),
+        ("planning", True, None),
+        ("Hi there", False, 0),  # no thinking: all of it is the answer
+        ("  <b>bold", False, 0),
+    ],
+)
+def test_the_answer_starts_where_the_split_puts_it(
+    text: str, opened: bool, start: int | None
+) -> None:
+    assert answer_start(text, opened_in_prompt=opened) == start
+    if start is not None:
+        assert text[start:] == split_thinking(text, opened_in_prompt=opened).answer
+
+
+def feed_by_char(stops: AnswerStops, text: str) -> tuple[int, Any]:
+    """Feed `text` a character at a time; (characters fed, the cut) at the first cut."""
+    for k in range(1, len(text) + 1):
+        cut = stops.feed(text[:k])
+        if cut is not None:
+            return k, cut
+    return len(text), None
+
+
+@pytest.mark.parametrize(
+    ("stop", "answer"),
+    [("\n\n", "First line."), ("\n", "First line."), ("Answer:", "First line.\n\n")],
+)
+def test_a_stop_string_in_the_thinking_is_left_alone_and_the_answer_is_cut_at_it(
+    stop: str, answer: str
+) -> None:
+    text = THOUGHT + "First line.\n\nAnswer: the second."
+    fed, cut = feed_by_char(AnswerStops([stop], opened_in_prompt=False, keep=False), text)
+    assert cut is not None and text[len(THOUGHT) : cut.text_end] == answer
+    assert cut.stop_end == len(THOUGHT) + len(answer) + len(stop)
+    assert fed == cut.stop_end  # found as soon as it is complete
+
+
+def test_the_earliest_stop_in_the_answer_wins_and_may_be_kept() -> None:
+    text = THOUGHT + "alpha END beta STOP"
+    stops = AnswerStops(["STOP", "END"], opened_in_prompt=False, keep=True)
+    _, cut = feed_by_char(stops, text)
+    assert text[len(THOUGHT) : cut.text_end] == "alpha END" and cut.stop == "END"
+
+
+def test_a_stop_string_split_across_deltas_is_found() -> None:
+    stops = AnswerStops(["<END>"], opened_in_prompt=False, keep=False)
+    text = "no thinking here <E"
+    assert stops.feed(text) is None
+    cut = stops.feed(text + "ND> more")
+    assert cut is not None and cut.text_end == len("no thinking here ")
+
+
+def test_unclosed_thinking_is_never_cut() -> None:
+    stops = AnswerStops(["e"], opened_in_prompt=True, keep=False)
+    assert feed_by_char(stops, "the thinking goes on and on")[1] is None
+
+
+def delta(index: int, text: str, ids: list[int], finish: str | None = None) -> Any:
+    return SimpleNamespace(
+        index=index,
+        text=text,
+        token_ids=ids,
+        logprobs=[{i: i} for i in ids],
+        finish_reason=finish,
+        stop_reason=None,
+    )
+
+
+def test_choices_from_deltas_end_each_at_its_stop_and_all_end_together() -> None:
+    sampling = resolve_sampling(
+        {"stop": "\n", "n": 2, "logprobs": True}, None, default_max_tokens=9
+    )
+    choices = StoppingChoices(
+        Prepared(prompt_ids=[1], opened_in_prompt=False, sampling=sampling, answer_stops=("\n",))
+    )
+    assert not choices.add([delta(0, "<think>\nhm\n</think>\n\n", [1, 2, 3, 4])])
+    assert not choices.add([delta(0, "Yes", [5]), delta(1, "No stop in me", [9, 10])])
+    # Choice 0's stop arrives with a token after it in one step; choice 1 ends by the engine.
+    assert not choices.add([delta(0, ".\nmore", [6, 7])])
+    assert choices.add([delta(1, ".", [11], "length")])
+    first, second = choices.completions()
+    assert first.text == "<think>\nhm\n</think>\n\nYes."
+    assert (first.token_ids, first.finish_reason) == ([1, 2, 3, 4, 5, 6, 7], "stop")
+    assert first.logprobs == [{i: i} for i in first.token_ids]
+    assert (second.text, second.token_ids, second.finish_reason) == (
+        "No stop in me.",
+        [9, 10, 11],
+        "length",
+    )
+
+
+def test_deltas_after_a_choice_is_cut_are_not_taken() -> None:
+    sampling = resolve_sampling({"stop": ["!"]}, None, default_max_tokens=9)
+    choices = StoppingChoices(
+        Prepared(prompt_ids=[1], opened_in_prompt=False, sampling=sampling, answer_stops=("!",))
+    )
+    assert choices.add([delta(0, "Hi!", [1, 2])])
+    choices.add([delta(0, " later", [3], "abort")])
+    (only,) = choices.completions()
+    assert (only.text, only.token_ids, only.finish_reason) == ("Hi", [1, 2], "stop")
