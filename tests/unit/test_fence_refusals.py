@@ -83,9 +83,7 @@ def handle_of(job_id: uuid.UUID) -> JobHandle:
 def register(db: sa.Engine, *owners: str) -> None:
     with db.begin() as conn:
         for owner in owners:
-            ledger.register_worker(
-                conn, owner, hostname="host", pid=1, model="m", dead_after_s=60
-            )
+            ledger.register_worker(conn, owner, hostname="host", pid=1, model="m", dead_after_s=60)
 
 
 def claim(db: sa.Engine, job_id: uuid.UUID, owner: str) -> list[Claimed]:
