@@ -89,6 +89,24 @@ def test_claims_take_only_the_items_of_the_models_served(db: sa.Engine, settings
     assert claim_as(db, job_id, ["nobody"]) == []
 
 
+def test_claims_of_one_item_take_turns_between_the_served_names(
+    db: sa.Engine, settings: Settings
+) -> None:
+    job_id = submit_job(db, settings, mixed(24))  # 8 items on OTHER, 16 on BASE
+    models = []
+    for turn in range(8):
+        with db.begin() as conn:
+            row = ledger.job_to_drive(conn, job_id)
+            assert row is not None
+            served = ModelFilter.of(row.model, row.models, [BASE, OTHER])
+            (one,) = ledger.claim(
+                conn, job_id, owner="w", n=1, lease_s=60, models=served, turn=turn
+            )
+        models.append(one.model or BASE)
+    # Without turns every claim of one item would go to the first name until it ran out.
+    assert models == [BASE, OTHER] * 4
+
+
 def test_each_item_runs_on_a_worker_of_its_model(harness: Harness) -> None:
     job_id = submit_job(harness.db, harness.settings, mixed(30))
     runners = [

@@ -110,9 +110,12 @@ def claim(
     lease_s: float,
     suspects: bool = False,
     models: ModelFilter | None = None,
+    turn: int = 0,
 ) -> list[Claimed]:
     """Lease up to `n` pending items of a runnable job (or one group of suspects) to `owner`:
-    of every model, or only of those `models` lets through."""
+    of every model, or only of those `models` lets through. `turn` picks the served name whose
+    share comes first; a claimer turns it from claim to claim, since a claim smaller than its
+    names would otherwise always go to the first of them."""
     # Suspects are claimed one group at a time (the halving in _CLAIM_SUSPECTS counts what
     # the others took): their claims exclude each other, as stores of the job do.
     state = lock_jobs(conn, [job_id], Lock.items if suspects else Lock.work).get(job_id)
@@ -129,7 +132,8 @@ def claim(
     else:
         # No filter: every model of the job, which only a claim by name needs spelled out.
         served = (models or _every_model(conn, job_id)).served()
-        rows = _claim_by_name(conn, served, params, n)
+        first = turn % len(served) if served else 0
+        rows = _claim_by_name(conn, served[first:] + served[:first], params, n)
     if rows and state.status == JobStatus.queued:
         conn.execute(
             sa.text(

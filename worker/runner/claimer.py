@@ -6,6 +6,7 @@ grows towards INFLIGHT_MAX_FACTOR while the engine finishes items fast (window.I
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -85,6 +86,7 @@ class Claimer:
         # One thread for items with a long text (see launch_slice): it runs beside the
         # claimer, and one at a time leaves the cores to the engine.
         self._aside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare-large")
+        self._turns = itertools.count()  # which served name a claim serves first (ledger.claim)
 
     def close(self) -> None:
         self._aside.shutdown(wait=False)
@@ -151,6 +153,8 @@ class Claimer:
         )
 
     def claim_into(self, handle: JobHandle, n: int, *, suspects: bool) -> None:
+        turn = next(self._turns)
+
         def claim() -> list[Claimed]:
             with self.db.begin() as conn:
                 items = ledger.claim(
@@ -161,6 +165,7 @@ class Claimer:
                     lease_s=self.settings.lease_s,
                     suspects=suspects,
                     models=handle.models,
+                    turn=turn,
                 )
                 if not items and not suspects:
                     self.suspects.flag(
