@@ -122,4 +122,6 @@ def _hermes(answer: str, sampling: Sampling, call_prefix: str) -> Parsed:
     if not calls:
         return Parsed(answer)
     kept.append(answer[last:])
-    return Parsed("".join(kept).strip(), calls)
+    # parallel_tool_calls false: the first call, as vLLM's server keeps it; the others' blocks
+    # are calls still, and stay out of the content.
+    return Parsed("".join(kept).strip(), calls[:1] if sampling.one_tool_call else calls)

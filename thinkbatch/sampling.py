@@ -51,6 +51,7 @@ class Sampling:
     tools: list[dict[str, Any]] | None = None  # OpenAI tool objects, for the chat template
     tool_mode: Literal["none", "auto", "required", "named"] = "none"
     tool_name: str | None = None  # the function tool_choice names
+    one_tool_call: bool = False  # parallel_tool_calls false: at most one call per choice
 
 
 StructuredKind = Literal["json", "json_object", "regex", "choice", "grammar"]
@@ -73,7 +74,13 @@ class Structured:
         return self.kind in ("json", "json_object")
 
 
-ANSWER_GROUP = ("response_format", "structured_outputs", "tools", "tool_choice")
+ANSWER_GROUP = (
+    "response_format",
+    "structured_outputs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+)
 LOGPROBS_GROUP = ("logprobs", "top_logprobs")
 THINKING_GROUP = ("reasoning_effort", "enable_thinking", "thinking_budget")
 _GROUPS = (ANSWER_GROUP, LOGPROBS_GROUP)
@@ -116,14 +123,15 @@ def _canonical(schema: Mapping[str, Any]) -> str:
     return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
 
 
-def tool_call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
-    """tool_choice `required`: a JSON array of one or more calls of the given functions, the
-    schema vLLM builds for the same choice. Each function's parameters move to the root's
-    `$defs`, under a name of their own, with their references (`#/$defs/...`, `#`) rewritten to
-    where they now are: left inside the array's schema as sent, they pointed at its root, where
-    there is nothing, and the engine refused the grammar. (vLLM lifts each tool's `$defs` to the
-    root instead, which fails when two tools define one name differently; xgrammar follows no
-    pointer through an array index, so the parameters cannot stay in `anyOf`.)"""
+def tool_call_schema(tools: list[dict[str, Any]], *, one: bool = False) -> dict[str, Any]:
+    """tool_choice `required`: a JSON array of one or more calls of the given functions (only
+    one with `one`, parallel_tool_calls false), the schema vLLM builds for the same choice.
+    Each function's parameters move to the root's `$defs`, under a name of their own, with
+    their references (`#/$defs/...`, `#`) rewritten to where they now are: left inside the
+    array's schema as sent, they pointed at its root, where there is nothing, and the engine
+    refused the grammar. (vLLM lifts each tool's `$defs` to the root instead, which fails when
+    two tools define one name differently; xgrammar follows no pointer through an array index,
+    so the parameters cannot stay in `anyOf`.)"""
     calls = []
     defs: dict[str, Any] = {}
     for i, tool in enumerate(tools):
@@ -142,7 +150,8 @@ def tool_call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
                 "additionalProperties": False,
             }
         )
-    return {"type": "array", "minItems": 1, "items": {"anyOf": calls}, "$defs": defs}
+    most = {"maxItems": 1} if one else {}
+    return {"type": "array", "minItems": 1, **most, "items": {"anyOf": calls}, "$defs": defs}
 
 
 def structured_of(merged: Mapping[str, Any]) -> tuple[Structured | None, str, str | None]:
@@ -151,7 +160,7 @@ def structured_of(merged: Mapping[str, Any]) -> tuple[Structured | None, str, st
     choice = merged.get("tool_choice")
     if tools:
         if choice == "required":
-            schema = tool_call_schema(tools)
+            schema = tool_call_schema(tools, one=merged.get("parallel_tool_calls") is False)
             return Structured("json", _canonical(schema), schema), "required", None
         if isinstance(choice, Mapping):
             name = choice["function"]["name"]
@@ -221,4 +230,5 @@ def resolve_sampling(
         tools=merged.get("tools") if tool_mode != "none" else None,
         tool_mode=tool_mode,  # type: ignore[arg-type]
         tool_name=tool_name,
+        one_tool_call=merged.get("parallel_tool_calls") is False,
     )

@@ -234,6 +234,7 @@ BAD_BODIES: list[tuple[dict[str, Any], str | None, str]] = [
     (line("unknown", colour="red"), "colour", "unknown_parameter"),
     (line("top", top_logprobs=2), "top_logprobs", "invalid_value"),
     (line("choice", tool_choice="auto"), "tool_choice", "invalid_value"),
+    (line("parallel", parallel_tool_calls=False), "parallel_tool_calls", "invalid_value"),
     (line("both", response_format={"type": "json_object"}, structured_outputs={"regex": "a"}),
      "structured_outputs", "invalid_value"),
     (line("schema", response_format={"type": "json_schema", "json_schema": {

@@ -81,6 +81,9 @@ def outputs(vllm_stack: RunningStack) -> Iterator[dict[str, ChatCompletion]]:
         _line("logprobs", model, QUESTIONS[1], seed=4, logprobs=True, top_logprobs=3),
         _line("tool", model, "What is the weather in Paris?", seed=5, tools=[WEATHER],
               tool_choice={"type": "function", "function": {"name": "get_weather"}}),
+        # Low effort leaves room for the call after a short thinking.
+        _line("one-call", model, "Weather in Paris, Rome and Oslo?", seed=6, tools=[WEATHER],
+              tool_choice="required", parallel_tool_calls=False, reasoning_effort="low"),
     ]  # fmt: skip
     data = b"".join(json.dumps(x).encode() + b"\n" for x in lines)
     file_id = sdk.files.create(file=("vocab.jsonl", io.BytesIO(data)), purpose="batch").id
@@ -166,3 +169,12 @@ def test_a_named_tool_is_called_with_arguments_that_parse(
     assert calls is not None and len(calls) == 1
     assert calls[0].function.name == "get_weather"  # type: ignore[union-attr]
     assert json.loads(calls[0].function.arguments)["unit"] in ("celsius", "fahrenheit")  # type: ignore[union-attr]
+
+
+def test_parallel_tool_calls_false_makes_one_call(outputs: dict[str, ChatCompletion]) -> None:
+    choice = outputs["one-call"].choices[0]
+    assert choice.finish_reason == "tool_calls"
+    calls = choice.message.tool_calls
+    assert calls is not None and len(calls) == 1  # the grammar allows one call, not more
+    assert calls[0].function.name == "get_weather"  # type: ignore[union-attr]
+    assert isinstance(json.loads(calls[0].function.arguments), dict)  # type: ignore[union-attr]

@@ -82,6 +82,7 @@ def test_the_request_vocabulary_reaches_the_item() -> None:
         "n": 2, "min_p": 0.1, "logit_bias": {"50256": -100}, "stop_token_ids": [7],
         "include_stop_str_in_output": True, "logprobs": True, "top_logprobs": 3,
         "tools": [TOOL], "tool_choice": "auto", "reasoning_effort": "low",
+        "parallel_tool_calls": False,
     }  # fmt: skip
 
 

@@ -223,6 +223,9 @@ REFUSED = [
         "$ref": "#/$defs/a%20b", "$defs": {"a b": {}}}}}},
      "items[0].params.response_format.json_schema.schema", "escaped"),
     ({"tool_choice": "auto"}, "items[0].params.tool_choice", "needs tools"),
+    ({"parallel_tool_calls": False}, "items[0].params.parallel_tool_calls", "needs tools"),
+    ({"tools": [WEATHER], "parallel_tool_calls": "no"}, "items[0].params.parallel_tool_calls",
+     "boolean"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "items[0].params.tool_choice.function.name", "not one of the tools"),
     ({"tools": [WEATHER], "tool_choice": "sometimes"}, "items[0].params.tool_choice", "auto"),
@@ -350,6 +353,36 @@ def test_tool_call_arguments_are_always_json_text() -> None:
     answer = '<tool_call>{"name": "get_weather", "arguments": "Paris"}</tool_call>'
     calls = parse_answer(answer, s, "c").tool_calls
     assert calls is not None and json.loads(calls[0]["function"]["arguments"]) == "Paris"
+
+
+def test_parallel_tool_calls_false_allows_one_call_per_choice() -> None:
+    from thinkbatch.answers import parse_answer
+
+    one = {"tools": [WEATHER], "parallel_tool_calls": False}
+    required = resolve_sampling({**one, "tool_choice": "required"}, None, default_max_tokens=8)
+    assert required.structured is not None and required.structured.schema is not None
+    assert required.structured.schema["maxItems"] == 1  # the grammar allows one call
+    many = resolve_sampling({"tools": [WEATHER], "tool_choice": "required"}, None,
+                            default_max_tokens=8)  # fmt: skip
+    assert many.structured is not None and "maxItems" not in (many.structured.schema or {})
+    # auto: the first call is kept, the others dropped (vLLM's server drops them too), and no
+    # call's block stays in the content.
+    answer = (
+        'Two. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>'
+    )
+    parsed = parse_answer(answer, resolve_sampling(one, None, default_max_tokens=8), "c")
+    assert parsed.content == "Two." and parsed.tool_calls is not None
+    assert [json.loads(c["function"]["arguments"]) for c in parsed.tool_calls] == [
+        {"city": "Paris"}
+    ]
+    both = parse_answer(
+        answer, resolve_sampling({"tools": [WEATHER]}, None, default_max_tokens=8), "c"
+    )
+    assert both.tool_calls is not None and len(both.tool_calls) == 2
+    # An item's tools without it replace the job's answer group, parallel_tool_calls with it.
+    merged = merge_layers(one, {"tools": [WEATHER]})
+    assert "parallel_tool_calls" not in merged
 
 
 def _lp(*tokens: str) -> list[dict[str, Any]]:

@@ -154,7 +154,8 @@ def constraint_size(params: dict[str, Any]) -> int:
         # The engine is handed a schema of the calls (sampling.py), each tool's parameters
         # wrapped in its call's object: larger than the tools as sent where they carry little
         # description, and what the grammar compiler then compiles.
-        size += max(0, _handed_chars(tool_call_schema(tools)) - _handed_chars(tools))
+        calls = tool_call_schema(tools, one=params.get("parallel_tool_calls") is False)
+        size += max(0, _handed_chars(calls) - _handed_chars(tools))
     return size
 
 

@@ -73,6 +73,8 @@ def _check_tools(params: SamplingParamsIn, p: str, constrained: bool) -> None:
     choice = params.tool_choice
     if choice is not None and not params.tools:
         raise _bad(f"{p}tool_choice", "needs tools")
+    if params.parallel_tool_calls is not None and not params.tools:
+        raise _bad(f"{p}parallel_tool_calls", "needs tools")
     names: dict[str, int] = {}
     for i, tool in enumerate(params.tools or ()):
         first = names.setdefault(tool.function.name, i)

@@ -106,6 +106,11 @@ class SamplingParamsIn(BaseModel):
     tool_choice: ToolChoice | None = Field(
         None, description="none, auto (the default with tools), required, or a named function."
     )
+    parallel_tool_calls: bool | None = Field(
+        None,
+        description="false: at most one tool call per choice (with required, the grammar allows "
+        "one; with auto, the first call is kept, as vLLM keeps it). Needs tools.",
+    )
 
     @field_validator(*(n for n, limit in SAMPLING_LIMITS.items() if limit.min_nonzero))
     @classmethod

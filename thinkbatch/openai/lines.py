@@ -75,7 +75,7 @@ _SAMPLING = (
     "structured_outputs",
     "reasoning_effort",
 )
-_CHAT_SAMPLING = ("logprobs", "top_logprobs", "tools", "tool_choice")
+_CHAT_SAMPLING = ("logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls")
 # Chat fields a completion request cannot take: tools are rendered by the chat template.
 _CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls")
 
@@ -110,9 +110,9 @@ MetadataValue = Annotated[str, Field(max_length=512)]
 
 class _Body(BaseModel):
     """What both endpoints take. Sampling values are typed loosely here and checked by
-    SamplingParamsIn. `user`, `safety_identifier`, `prompt_cache_key`, `metadata`, `store`,
-    `service_tier` and `parallel_tool_calls` are accepted as OpenAI types them and have no
-    effect here (docs/openai.md)."""
+    SamplingParamsIn. `user`, `safety_identifier`, `prompt_cache_key`, `metadata`, `store`
+    and `service_tier` are accepted as OpenAI types them and have no effect here
+    (docs/openai.md)."""
 
     model_config = _IN
     model: str = Field(min_length=1)
