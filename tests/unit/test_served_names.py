@@ -131,3 +131,79 @@ def test_a_worker_is_refused_before_its_engine_loads(
         check_served_names(clashing, db)
     apart = clashing.model_copy(update={"lora_adapters": {"sql": "/adapters/sql"}})
     check_served_names(apart, db)  # its own names: no clash
+
+
+def test_a_worker_judged_dead_cannot_come_back_to_names_taken_since(db: sa.Engine) -> None:
+    with db.begin() as conn:
+        register(conn, "a", "qwen-a", ["sql"])
+        register(conn, "quiet", "qwen-a", ["other"])
+        # Judged dead during an outage: its names are free, and another base model takes one.
+        ledger.mark_stopped(conn, "a")
+        ledger.mark_stopped(conn, "quiet")
+        register(conn, "b", "qwen-b", ["sql"])
+    with pytest.raises(ServedNameTaken, match="'sql' is served by worker b"), db.begin() as conn:
+        ledger.beat(conn, "a", dead_after_s=DEAD_AFTER_S)
+    with db.begin() as conn:
+        ledger.beat(conn, "quiet", dead_after_s=DEAD_AFTER_S)  # nothing of its own was taken
+    with db.connect() as conn:
+        stopped = dict(
+            conn.execute(sa.text("SELECT id, stopped_at IS NOT NULL FROM workers")).all()
+        )
+    assert stopped == {"a": True, "quiet": False, "b": False}
+
+
+def test_a_runner_back_to_taken_names_hands_back_its_items_and_exits(
+    db: sa.Engine, database_url: str, redis_url: str
+) -> None:
+    from tests.helpers import submit_job
+    from tests.runner_harness import close_runner
+    from worker.engine import create_engine
+    from worker.runner import Runner
+    from worker.runner.core import EXIT_NAMES_TAKEN
+
+    settings = make_settings(
+        database_url,
+        redis_url,
+        heartbeat_s=0.2,
+        worker_dead_after_s=1,
+        served_model_name="qwen-a",
+        served_models=["qwen-a"],
+        lora_adapters={"sql": "/adapters/sql"},
+        engine_extra_args={"step_s": 0.05},
+    )
+    exits: list[int] = []
+    runner = Runner(
+        settings, engine=create_engine(settings), db=db, publish=lambda _: True,
+        exit_process=exits.append,
+    )  # fmt: skip
+    runner.start()
+    try:
+        long_items = {"ignore_eos": True, "max_tokens": 4000}
+        job_id = submit_job(
+            db, settings, {"model": "qwen-a", "items": [{"prompt": "x"}] * 4, "params": long_items}
+        )
+        threading.Thread(target=runner.drive, args=(job_id, lambda d, t: None), daemon=True).start()
+        deadline = time.monotonic() + 10
+        while runner.items_in_engine == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        with db.begin() as conn:
+            ledger.mark_stopped(conn, runner.owner)  # as the sweeper judges a silent worker
+            register(conn, "b", "qwen-b", ["sql"])
+        deadline = time.monotonic() + 30
+        while not exits:
+            assert time.monotonic() < deadline, "the runner did not leave"
+            time.sleep(0.05)
+        assert exits == [EXIT_NAMES_TAKEN]
+        with db.connect() as conn:
+            held = conn.execute(
+                sa.text("SELECT count(*) FROM items WHERE lease_owner = :o AND status = 'running'"),
+                {"o": runner.owner},
+            ).scalar()
+            stopped = conn.execute(
+                sa.text("SELECT stopped_at IS NOT NULL FROM workers WHERE id = :o"),
+                {"o": runner.owner},
+            ).scalar()
+        assert held == 0 and stopped  # handed back; and not back among the live workers
+    finally:
+        close_runner(runner, timeout=10)

@@ -119,8 +119,30 @@ def register_worker(
     )
 
 
-def beat(conn: sa.Connection, worker_id: str) -> None:
-    """The worker is alive (again: a worker judged dead during an outage comes back)."""
+_BEAT_LIVE = sa.text(
+    "UPDATE workers SET heartbeat_at = now() WHERE id = :id AND stopped_at IS NULL "
+    "AND heartbeat_at > now() - make_interval(secs => :dead_after_s)"
+)
+
+
+def beat(conn: sa.Connection, worker_id: str, *, dead_after_s: float) -> None:
+    """The worker is alive, or alive again: a worker judged dead during an outage comes back.
+
+    Its names were free while it was judged dead, and a worker of another base model may have
+    registered under one of them since: coming back is then refused (ServedNameTaken), the row
+    left stopped, as a registration would be refused, under the same lock."""
+    params = {"id": worker_id, "dead_after_s": dead_after_s}
+    if conn.execute(_BEAT_LIVE, params).rowcount:
+        return  # the common case: one statement
+    conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": REGISTER_LOCK_KEY})
+    row = conn.execute(
+        sa.text("SELECT model, adapters FROM workers WHERE id = :id"), {"id": worker_id}
+    ).first()
+    if row is not None:
+        adapters = row.adapters if isinstance(row.adapters, list) else None
+        clashes = name_clashes(conn, row.model, adapters, dead_after_s=dead_after_s)
+        if clashes:
+            raise ServedNameTaken(clashes)
     conn.execute(
         sa.text("UPDATE workers SET heartbeat_at = now(), stopped_at = NULL WHERE id = :id"),
         {"id": worker_id},

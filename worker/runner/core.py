@@ -70,6 +70,9 @@ def check_served_names(settings: Settings, db: sa.Engine) -> None:
 
 
 EXIT_ENGINE_DEAD = 3
+# A served name of this worker's is another base model's: the exit of a worker refused at start
+# (worker/lifecycle.py), so that a supervisor treats both alike.
+EXIT_NAMES_TAKEN = 2
 EXIT_SHUTDOWN_TIMEOUT = 4
 PROGRESS_INTERVAL_S = 1.0
 
@@ -82,8 +85,10 @@ class Runner:
         db: sa.Engine,
         publish: Callable[[uuid.UUID], bool],
         publish_here: Callable[[uuid.UUID], bool] | None = None,
+        exit_process: Callable[[int], None] = os._exit,  # a test's stands in for it
     ):
         self.settings = settings
+        self._exit = exit_process
         self.engine = engine
         self.db = db
         self.publish = publish  # a hint any worker may take
@@ -142,6 +147,7 @@ class Runner:
             dead=self._dead,
             finished=self._finished,
             closed=self._closed,
+            names_taken=self._names_taken,
         )
         self._threads: list[threading.Thread] = []
 
@@ -398,6 +404,19 @@ class Runner:
             ledger.expire_job(conn, job_id)
 
     # --- the engine died ----------------------------------------------------------------------
+
+    def _names_taken(self, error: Exception) -> None:
+        """Judged dead during an outage, this worker came back to find a worker of another
+        base model serving one of its names: it may not serve them beside it. It hands back
+        what it holds, as at a shutdown, and exits as a worker refused at start does."""
+        log.critical("served names taken while this worker was judged dead: %s; exiting", error)
+
+        def leave() -> None:
+            self.close()
+            logging.shutdown()
+            self._exit(EXIT_NAMES_TAKEN)
+
+        threading.Thread(target=leave, name="names-taken-exit", daemon=True).start()
 
     def _engine_died(self, error: BaseException) -> None:
         if self._dead.is_set():

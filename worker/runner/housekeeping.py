@@ -59,6 +59,7 @@ class Housekeeper:
         dead: threading.Event,
         finished: threading.Event | None = None,
         closed: threading.Event | None = None,
+        names_taken: Callable[[Exception], None] | None = None,
     ) -> None:
         self.settings = settings
         self.db = db
@@ -67,6 +68,8 @@ class Housekeeper:
         self.suspects = suspects
         self.publish = publish  # a hint any worker may take (the sweeper's re-hints)
         self.publish_here = publish_here  # a hint on this worker's own queue
+        # Called when this worker, judged dead and back, finds its served names taken.
+        self.names_taken = names_taken
         self.stopping = stopping
         self.dead = dead
         self.finished = finished or threading.Event()
@@ -86,7 +89,7 @@ class Housekeeper:
         while not self.dead.is_set() and not self.closed.is_set():
             try:
                 with self.db.begin() as conn:
-                    ledger.beat(conn, self.owner)
+                    ledger.beat(conn, self.owner, dead_after_s=self.settings.worker_dead_after_s)
                 now = time.monotonic()
                 if now - last_beat > 2 * self.settings.heartbeat_s + 1:
                     # We could not reach Postgres for a while, nor could the other workers:
@@ -97,6 +100,11 @@ class Housekeeper:
                     sweep(self.db, self.settings, self.publish, judge_workers=now >= judge_after)
                     next_sweep = time.monotonic() + self.settings.sweep_interval_s
                 self.look_for_work()
+            except ledger.ServedNameTaken as error:
+                if self.names_taken is None:
+                    raise
+                self.names_taken(error)
+                return
             except Exception as error:  # noqa: BLE001 - Postgres may be restarting
                 log.warning("housekeeping failed: %s", error)
             # Keep beating while shutting down: our leases stand until we release them.
