@@ -39,7 +39,7 @@ class ThinkingSplit:
 # What Qwen3 writes between `</think>` and the answer (its template's `</think>\n\n`). Only
 # line breaks: a space or an indent there is the answer's own (a completion's leading space,
 # the first line of indented code), and is kept.
-_SEPARATOR = "\r\n"
+SEPARATOR = "\r\n"
 
 
 def split_thinking(text: str, *, opened_in_prompt: bool = False) -> ThinkingSplit:
@@ -54,7 +54,7 @@ def split_thinking(text: str, *, opened_in_prompt: bool = False) -> ThinkingSpli
     if end >= 0:
         thinking = text[:end]
         rest = text[end + len(THINK_END) :]
-        answer = rest.lstrip(_SEPARATOR)
+        answer = rest.lstrip(SEPARATOR)
         stripped = thinking.lstrip()
         if stripped.startswith(THINK_START):
             thinking = stripped[len(THINK_START) :]
@@ -76,7 +76,7 @@ def answer_start(text: str, *, opened_in_prompt: bool = False) -> int | None:
     end = text.find(THINK_END)
     if end >= 0:
         rest = end + len(THINK_END)
-        answer = len(text) - len(text[rest:].lstrip(_SEPARATOR))
+        answer = len(text) - len(text[rest:].lstrip(SEPARATOR))
         return answer if answer < len(text) else None
     stripped = text.lstrip()
     if stripped.startswith(THINK_START) or opened_in_prompt:

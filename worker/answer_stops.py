@@ -7,20 +7,23 @@ answer and `finish_reason: "stop"`. vLLM matches stop strings over the whole out
 adapter gives it none for an item that may think, and this module finds them in the answer as
 the text arrives; the adapter then ends the request there.
 
-The cut is the one vLLM makes (its detokenizer's check_stop_strings): the earliest stop string
-of the answer, the text ends before it (or after it, with include_stop_str_in_output), and the
-tokens up to the one that completes it are kept. Sampling is causal, so the tokens kept are the
-ones a generation stopped there would have had.
+The cut is the one vLLM makes (its detokenizer's check_stop_strings), in the answer: the stop
+string that ends first, the text ending before it (or after it, with
+include_stop_str_in_output), and the tokens kept up to the one that completes it. Sampling is
+causal, so those are the tokens a generation stopped there would have had.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
 from typing import Any
 
-from thinkbatch.thinking import answer_start
+from thinkbatch.thinking import SEPARATOR
+from thinkbatch.thinking import THINK_END
+from thinkbatch.thinking import THINK_START
 from worker.engine import Prepared
 
 
@@ -32,32 +35,66 @@ class Cut:
 
 
 class AnswerStops:
-    """The stop strings of one choice, checked against its text as it grows."""
+    """The stop strings of one choice, checked against its text as it grows. Each call costs
+    what the text gained, not its length: the answer's start and the stop strings are looked
+    for only where they may newly be."""
 
     def __init__(self, stops: Sequence[str], *, opened_in_prompt: bool, keep: bool):
         self.stops = tuple(stops)
-        self.opened_in_prompt = opened_in_prompt
         self.keep = keep
         self._longest = max(map(len, self.stops), default=0)
         self._checked = 0  # text scanned so far: a stop string may end past it, not before
+        # Whether the text opens with thinking (None until its first characters tell), and
+        # where the answer starts once that is known.
+        self._thinking: bool | None = True if opened_in_prompt else None
+        self._start: int | None = None
+        self._end_from = 0  # where the search for </think> resumes
+
+    def answer_from(self, text: str) -> int | None:
+        """Where the answer starts in `text` (as thinkbatch.thinking.answer_start finds it),
+        or None while it has not. A text that opens without thinking is all answer: a
+        `</think>` it writes later does not move the start back, as it would in the split of a
+        whole text, since the answer has been checked up to it."""
+        if self._start is not None:
+            return self._start
+        if self._thinking is None:
+            stripped = text.lstrip()  # short: only until the first characters are in
+            if THINK_START.startswith(stripped) and THINK_END not in text:
+                return None
+            self._thinking = stripped.startswith(THINK_START) or THINK_END in text
+            if not self._thinking:
+                self._start = 0
+                return 0
+        at = text.find(THINK_END, self._end_from)
+        if at < 0:
+            self._end_from = max(self._end_from, len(text) - len(THINK_END) + 1)
+            return None
+        start = at + len(THINK_END)
+        while start < len(text) and text[start] in SEPARATOR:
+            start += 1
+        if start == len(text):  # only the line breaks after </think> so far
+            self._end_from = at
+            return None
+        self._start = start
+        return start
 
     def feed(self, text: str) -> Cut | None:
         """The cut, once `text` (the choice's whole text so far) holds a stop string in its
-        answer; None until then."""
-        start = answer_start(text, opened_in_prompt=self.opened_in_prompt)
+        answer; None until then. Of several, the one that ends first, and of those ending
+        together the first listed: vLLM's choice (check_stop_strings)."""
+        start = self.answer_from(text)
         if start is None:
             return None
         since = max(start, self._checked - self._longest + 1)
         self._checked = len(text)
-        best: tuple[int, str] | None = None
+        best: tuple[int, int, str] | None = None
         for stop in self.stops:
             at = text.find(stop, since)
-            if at >= 0 and (best is None or at < best[0]):
-                best = (at, stop)
+            if at >= 0 and (best is None or at + len(stop) < best[0]):
+                best = (at + len(stop), at, stop)
         if best is None:
             return None
-        at, stop = best
-        end = at + len(stop)
+        end, at, stop = best
         return Cut(text_end=end if self.keep else at, stop_end=end, stop=stop)
 
 
@@ -77,6 +114,7 @@ class StreamedChoice:
 
     index: int
     stops: AnswerStops
+    decode: Callable[[list[int]], str]  # token ids to text, as the engine's detokenizer
     text: str = ""
     offsets: list[int] = field(default_factory=list)  # the text's length after each delta
     chunks: list[list[int]] = field(default_factory=list)  # each delta's token ids
@@ -102,24 +140,40 @@ class StreamedChoice:
             self.logprob_chunks.append(delta.logprobs)
         cut = self.stops.feed(self.text)
         if cut is not None:
-            # Kept by delta, the engine's step: one token each, or a step's accepted draft
-            # tokens with speculative decoding, whose last ones may follow the stop string.
             kept = tokens_kept(self.offsets, cut.stop_end)
             del self.chunks[kept:], self.logprob_chunks[kept:], self.offsets[kept:]
+            self._trim_last(cut.stop_end)
             self.text = self.text[: cut.text_end]
             self.finish_reason, self.stop_reason = "stop", cut.stop
         elif delta.finish_reason is not None:
             self.finish_reason = delta.finish_reason
             self.stop_reason = delta.stop_reason
 
+    def _trim_last(self, stop_end: int) -> None:
+        """Keep the last delta's tokens only up to the one that reaches `stop_end`, as vLLM
+        keeps them. A delta holds several tokens when vLLM merges the outputs its consumer has
+        not taken yet (a busy event loop), or a step's accepted draft tokens."""
+        last = self.chunks[-1]
+        if len(last) < 2:
+            return
+        before = [token for chunk in self.chunks[:-1] for token in chunk]
+        kept = next(
+            (j for j in range(1, len(last)) if len(self.decode(before + last[:j])) >= stop_end),
+            len(last),
+        )
+        del last[kept:]
+        if self.logprob_chunks:
+            self.logprob_chunks[-1] = list(self.logprob_chunks[-1])[:kept]
+
 
 class StoppingChoices:
     """The choices of one request, streamed as deltas, each cut at the first stop string of
     its answer."""
 
-    def __init__(self, prepared: Prepared):
+    def __init__(self, prepared: Prepared, decode: Callable[[list[int]], str]):
         self.n = prepared.sampling.n
         self.prepared = prepared
+        self.decode = decode
         self._choices: dict[int, StreamedChoice] = {}
 
     def add(self, deltas: Sequence[Any]) -> bool:
@@ -133,7 +187,8 @@ class StoppingChoices:
                     opened_in_prompt=self.prepared.opened_in_prompt,
                     keep=self.prepared.sampling.include_stop_str_in_output,
                 )
-                choice = self._choices[delta.index] = StreamedChoice(delta.index, stops)
+                choice = StreamedChoice(delta.index, stops, self.decode)
+                self._choices[delta.index] = choice
             if choice.finish_reason is None:
                 choice.take(delta)
         done = (c.finish_reason is not None for c in self._choices.values())

@@ -586,7 +586,10 @@ class VLLMEngine:
             # thinking in: its constraint would wait for a </think> that never comes. Unless
             # it opened a <think> itself, its output is the answer.
             answer_only = items[i].messages is None and not opened
-            answer_stops = () if answer_only else params.stop
+            # Stop strings go to vLLM where the item does not think: the template closed the
+            # block (thinking off) or the output is the answer. Otherwise generate finds them.
+            closed = not opened and not params.enable_thinking
+            answer_stops = () if answer_only or closed else params.stop
             try:
                 native = self._sampling_params(params, ids[i], opened, bool(answer_stops))
             except Exception as error:  # noqa: BLE001 - vLLM refuses this item's values
@@ -674,7 +677,7 @@ class VLLMEngine:
     async def generate(self, request_id: str, prepared: Prepared) -> Generation:
         assert self.llm is not None
         final = None
-        stopping = StoppingChoices(prepared) if prepared.answer_stops else None
+        stopping = StoppingChoices(prepared, self._decode) if prepared.answer_stops else None
         try:
             outputs = self.llm.generate(
                 tokens_input(prepared.prompt_ids),

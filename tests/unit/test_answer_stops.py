@@ -95,35 +95,70 @@ def delta(index: int, text: str, ids: list[int], finish: str | None = None) -> A
     )
 
 
+VOCAB = {1: "<think>\n", 2: "hm\n", 3: "</think>", 4: "\n\n", 5: "Yes", 6: ".\n", 7: "more",
+         9: "No stop", 10: " in me", 11: ".", 12: "Hi", 13: "!", 14: " later"}  # fmt: skip
+
+
+def decode(ids: list[int]) -> str:
+    return "".join(VOCAB[i] for i in ids)
+
+
+def choices_of(params: dict[str, Any]) -> StoppingChoices:
+    sampling = resolve_sampling(params, None, default_max_tokens=9)
+    prepared = Prepared(
+        prompt_ids=[1], opened_in_prompt=False, sampling=sampling, answer_stops=sampling.stop
+    )
+    return StoppingChoices(prepared, decode)
+
+
 def test_choices_from_deltas_end_each_at_its_stop_and_all_end_together() -> None:
-    sampling = resolve_sampling(
-        {"stop": "\n", "n": 2, "logprobs": True}, None, default_max_tokens=9
-    )
-    choices = StoppingChoices(
-        Prepared(prompt_ids=[1], opened_in_prompt=False, sampling=sampling, answer_stops=("\n",))
-    )
-    assert not choices.add([delta(0, "<think>\nhm\n</think>\n\n", [1, 2, 3, 4])])
+    choices = choices_of({"stop": "\n", "n": 2, "logprobs": True})
+    assert not choices.add([delta(0, decode([1, 2, 3, 4]), [1, 2, 3, 4])])
     assert not choices.add([delta(0, "Yes", [5]), delta(1, "No stop in me", [9, 10])])
-    # Choice 0's stop arrives with a token after it in one step; choice 1 ends by the engine.
+    # Choice 0's stop arrives with a token after it in one delta (vLLM merges the deltas a
+    # busy loop has not taken): that token is not kept, as vLLM keeps none after the stop.
     assert not choices.add([delta(0, ".\nmore", [6, 7])])
     assert choices.add([delta(1, ".", [11], "length")])
     first, second = choices.completions()
     assert first.text == "<think>\nhm\n</think>\n\nYes."
-    assert (first.token_ids, first.finish_reason) == ([1, 2, 3, 4, 5, 6, 7], "stop")
+    assert (first.token_ids, first.finish_reason, first.stop_reason) == (
+        [1, 2, 3, 4, 5, 6], "stop", "\n")  # fmt: skip
     assert first.logprobs == [{i: i} for i in first.token_ids]
     assert (second.text, second.token_ids, second.finish_reason) == (
-        "No stop in me.",
-        [9, 10, 11],
-        "length",
-    )
+        "No stop in me.", [9, 10, 11], "length")  # fmt: skip
 
 
 def test_deltas_after_a_choice_is_cut_are_not_taken() -> None:
-    sampling = resolve_sampling({"stop": ["!"]}, None, default_max_tokens=9)
-    choices = StoppingChoices(
-        Prepared(prompt_ids=[1], opened_in_prompt=False, sampling=sampling, answer_stops=("!",))
-    )
-    assert choices.add([delta(0, "Hi!", [1, 2])])
-    choices.add([delta(0, " later", [3], "abort")])
+    choices = choices_of({"stop": ["!"]})
+    assert choices.add([delta(0, "Hi!", [12, 13])])
+    choices.add([delta(0, " later", [14], "abort")])
     (only,) = choices.completions()
-    assert (only.text, only.token_ids, only.finish_reason) == ("Hi", [1, 2], "stop")
+    assert (only.text, only.token_ids, only.finish_reason) == ("Hi", [12, 13], "stop")
+
+
+def test_of_several_stops_the_one_that_ends_first_wins_as_in_vllm() -> None:
+    # "cd" ends before "abcdef" does, though "abcdef" starts first.
+    stops = AnswerStops(["abcdef", "cd"], opened_in_prompt=False, keep=False)
+    cut = stops.feed("abcdef")
+    assert cut is not None and (cut.stop, cut.text_end) == ("cd", 2)
+    # Ending together: the first listed.
+    cut = AnswerStops(["bc", "abc"], opened_in_prompt=False, keep=False).feed("xabc")
+    assert cut is not None and cut.stop == "bc"
+
+
+@pytest.mark.parametrize(
+    ("text", "opened"),
+    [
+        (THOUGHT + "First line.", False),
+        ("  <think>x</think>\r\n\r\nA", False),
+        ("thought\n</think>\n\nA and more", True),
+        ("plain answer", False),
+        ("<think>never closed", False),
+    ],
+)
+def test_the_answer_is_found_as_the_text_grows_where_the_split_puts_it(
+    text: str, opened: bool
+) -> None:
+    stops = AnswerStops(["\x00"], opened_in_prompt=opened, keep=False)
+    for k in range(len(text) + 1):
+        assert stops.answer_from(text[:k]) == answer_start(text[:k], opened_in_prompt=opened), k
