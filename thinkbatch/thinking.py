@@ -141,3 +141,23 @@ def prompt_opens_thinking(
         if token == end_id or token == turn_start_id:
             return False
     return False
+
+
+def prompt_closes_thinking(
+    prompt_ids: Sequence[int],
+    *,
+    start_id: int | None,
+    end_id: int | None,
+    turn_start_id: int | None = None,
+) -> bool:
+    """Whether the prompt's last chat turn already holds a closed thinking block (a template
+    that turns thinking off writes an empty one): the model's output is then the answer.
+    Scans back as prompt_opens_thinking does."""
+    if end_id is None:
+        return False
+    for token in reversed(prompt_ids):
+        if token == end_id:
+            return True
+        if token == start_id or token == turn_start_id:
+            return False
+    return False

@@ -51,24 +51,20 @@ class AnswerStops:
         self._end_from = 0  # where the search for </think> resumes
 
     def answer_from(self, text: str) -> int | None:
-        """Where the answer starts in `text` (as thinkbatch.thinking.answer_start finds it),
-        or None while it has not. A text that opens without thinking is all answer: a
-        `</think>` it writes later does not move the start back, as it would in the split of a
-        whole text, since the answer has been checked up to it."""
+        """Where the answer starts in `text`, as thinkbatch.thinking.answer_start finds it, or
+        None while it has not: after the first `</think>` and its line breaks; before one, at
+        0 if the text opened without thinking, else not yet. (A text that opened without
+        thinking and writes `</think>` later has had its first part checked as answer.)"""
         if self._start is not None:
             return self._start
         if self._thinking is None:
             stripped = text.lstrip()  # short: only until the first characters are in
-            if THINK_START.startswith(stripped) and THINK_END not in text:
-                return None
-            self._thinking = stripped.startswith(THINK_START) or THINK_END in text
-            if not self._thinking:
-                self._start = 0
-                return 0
+            if not (THINK_START.startswith(stripped) and THINK_END not in text):
+                self._thinking = stripped.startswith(THINK_START)
         at = text.find(THINK_END, self._end_from)
         if at < 0:
             self._end_from = max(self._end_from, len(text) - len(THINK_END) + 1)
-            return None
+            return 0 if self._thinking is False else None
         start = at + len(THINK_END)
         while start < len(text) and text[start] in SEPARATOR:
             start += 1
@@ -156,11 +152,18 @@ class StreamedChoice:
         last = self.chunks[-1]
         if len(last) < 2:
             return
+        # Each token's end in the text, measured from the delta's start as the detokenizer
+        # writes it: the text before it decoded alongside (a tokenizer may write a leading
+        # space only after other text), and a character the tokens end inside not yet counted
+        # (the detokenizer holds it back until it is whole).
         before = [token for chunk in self.chunks[:-1] for token in chunk]
-        kept = next(
-            (j for j in range(1, len(last)) if len(self.decode(before + last[:j])) >= stop_end),
-            len(last),
-        )
+        offset = self.offsets[-2] if len(self.offsets) > 1 else 0
+        base = len(self.decode(before).rstrip("\ufffd"))
+
+        def end_of(j: int) -> int:
+            return offset + len(self.decode(before + last[:j]).rstrip("\ufffd")) - base
+
+        kept = next((j for j in range(1, len(last)) if end_of(j) >= stop_end), len(last))
         del last[kept:]
         if self.logprob_chunks:
             self.logprob_chunks[-1] = list(self.logprob_chunks[-1])[:kept]

@@ -47,6 +47,7 @@ from thinkbatch.sampling import Structured
 from thinkbatch.settings import Settings
 from thinkbatch.thinking import THINK_END
 from thinkbatch.thinking import THINK_START
+from thinkbatch.thinking import prompt_closes_thinking
 from thinkbatch.thinking import prompt_opens_thinking
 from worker.affinity import keep_off_compute_cores
 from worker.answer_stops import StoppingChoices
@@ -586,9 +587,15 @@ class VLLMEngine:
             # thinking in: its constraint would wait for a </think> that never comes. Unless
             # it opened a <think> itself, its output is the answer.
             answer_only = items[i].messages is None and not opened
-            # Stop strings go to vLLM where the item does not think: the template closed the
-            # block (thinking off) or the output is the answer. Otherwise generate finds them.
-            closed = not opened and not params.enable_thinking
+            # Stop strings go to vLLM where the item does not think: the prompt closed the
+            # block (a template's thinking off) or the output is the answer. Otherwise
+            # generate finds them: a template may ignore enable_thinking and its model think.
+            closed = prompt_closes_thinking(
+                ids[i],
+                start_id=self.think.start_id,
+                end_id=self.think.end_id,
+                turn_start_id=self.think.turn_start_id,
+            )
             answer_stops = () if answer_only or closed else params.stop
             try:
                 native = self._sampling_params(params, ids[i], opened, bool(answer_stops))

@@ -3,6 +3,7 @@ the cut vLLM would make there, and choices put together from an engine's deltas.
 
 from __future__ import annotations
 
+import random
 from types import SimpleNamespace
 from typing import Any
 
@@ -154,11 +155,43 @@ def test_of_several_stops_the_one_that_ends_first_wins_as_in_vllm() -> None:
         ("thought\n</think>\n\nA and more", True),
         ("plain answer", False),
         ("<think>never closed", False),
+        ("Hi</think>\n\nAnswer", False),  # a close without an open: the answer follows it
+        ("</think>answer", False),
+        ("\n\n  </thi", False),
     ],
 )
 def test_the_answer_is_found_as_the_text_grows_where_the_split_puts_it(
     text: str, opened: bool
 ) -> None:
-    stops = AnswerStops(["\x00"], opened_in_prompt=opened, keep=False)
-    for k in range(len(text) + 1):
-        assert stops.answer_from(text[:k]) == answer_start(text[:k], opened_in_prompt=opened), k
+    rng = random.Random(7)  # noqa: S311 - delta sizes, seeded: the same splits every run
+    for split in range(30):  # a character at a time, then in random deltas
+        stops = AnswerStops(["\x00"], opened_in_prompt=opened, keep=False)
+        k = 0
+        while k <= len(text):
+            got = stops.answer_from(text[:k])
+            assert got == answer_start(text[:k], opened_in_prompt=opened), (split, k)
+            k += 1 if split == 0 else rng.randint(1, 6)
+
+
+def test_a_close_without_an_open_moves_the_answer_past_it() -> None:
+    stops = AnswerStops(["\n\n"], opened_in_prompt=False, keep=False)
+    assert stops.feed("Hi") is None
+    text = "Hi</think>\n\nAnswer\n\nmore"
+    cut = stops.feed(text)
+    assert cut is not None and text[: cut.text_end] == "Hi</think>\n\nAnswer"
+
+
+def test_a_merged_delta_keeps_the_tokens_up_to_the_one_completing_the_stop() -> None:
+    # Byte tokens, as a byte-level vocabulary splits an emoji: the stop is complete only with
+    # the emoji's last byte, and the detokenizer holds a partial character back.
+    sampling = resolve_sampling({"stop": "😀"}, None, default_max_tokens=9)
+    prepared = Prepared(
+        prompt_ids=[1], opened_in_prompt=False, sampling=sampling, answer_stops=sampling.stop
+    )
+    choices = StoppingChoices(prepared, lambda ids: bytes(ids).decode(errors="replace"))
+    merged = list("A😀yz".encode())
+    assert not choices.add([delta(0, "x", [ord("x")])])
+    assert choices.add([delta(0, "A😀yz", merged)])
+    (only,) = choices.completions()
+    assert only.text == "xA" and only.stop_reason == "😀"
+    assert only.token_ids == [ord("x"), *"A😀".encode()]  # vLLM's six: none after the stop

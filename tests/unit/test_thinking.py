@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from thinkbatch.thinking import count_reasoning_tokens
+from thinkbatch.thinking import prompt_closes_thinking
 from thinkbatch.thinking import prompt_opens_thinking
 from thinkbatch.thinking import split_thinking
 
@@ -87,3 +88,18 @@ def test_count_without_known_ids_is_zero() -> None:
 )
 def test_prompt_opens_thinking(ids: list[int], expected: bool) -> None:
     assert prompt_opens_thinking(ids, start_id=START, end_id=END, turn_start_id=TURN) is expected
+
+
+@pytest.mark.parametrize(
+    ("ids", "expected"),
+    [
+        ([TURN, 60, START, 70, 70, END, 70, 70], True),  # thinking off: closed in the prompt
+        ([TURN, 50, 51, TURN, 60, START, 70], False),  # opened: the model thinks
+        # A template that ignores enable_thinking writes no block: the model may think.
+        ([TURN, 50, 51, TURN, 60], False),
+        ([TURN, 50, START, 51, END, TURN, 60], False),  # closed in an earlier turn only
+        ([50, 51], False),
+    ],
+)
+def test_prompt_closes_thinking(ids: list[int], expected: bool) -> None:
+    assert prompt_closes_thinking(ids, start_id=START, end_id=END, turn_start_id=TURN) is expected

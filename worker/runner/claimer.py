@@ -6,7 +6,6 @@ grows towards INFLIGHT_MAX_FACTOR while the engine finishes items fast (window.I
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
@@ -86,7 +85,6 @@ class Claimer:
         # One thread for items with a long text (see launch_slice): it runs beside the
         # claimer, and one at a time leaves the cores to the engine.
         self._aside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare-large")
-        self._turns = itertools.count()  # which served name a claim serves first (ledger.claim)
 
     def close(self) -> None:
         self._aside.shutdown(wait=False)
@@ -153,7 +151,7 @@ class Claimer:
         )
 
     def claim_into(self, handle: JobHandle, n: int, *, suspects: bool) -> None:
-        turn = next(self._turns)
+        turn = next(handle.turns)
 
         def claim() -> list[Claimed]:
             with self.db.begin() as conn:

@@ -412,9 +412,11 @@ class Runner:
         log.critical("served names taken while this worker was judged dead: %s; exiting", error)
 
         def leave() -> None:
-            self.close()
-            logging.shutdown()
-            self._exit(EXIT_NAMES_TAKEN)
+            try:
+                self.close()
+            finally:  # whatever close met, the process must not stay up without a heartbeat
+                logging.shutdown()
+                self._exit(EXIT_NAMES_TAKEN)
 
         threading.Thread(target=leave, name="names-taken-exit", daemon=True).start()
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import itertools
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from dataclasses import field
 from typing import TYPE_CHECKING
@@ -44,6 +46,9 @@ class JobHandle:
     rate: float = 0.0  # of those, per second, smoothed (InFlight.resize)
     unsettled: int = 0  # claimed, result not yet stored
     claim_open: bool = True
+    # Which served name the job's next claim serves first (ledger.claim's `turn`): counted per
+    # job, since one count shared by jobs claimed in alternation gives each the same turn.
+    turns: Iterator[int] = field(default_factory=itertools.count)
     exhausted_until: float = 0.0  # the last claim found nothing; look again after this
     # Set by the writer when `unsettled` drops to 0 (the driving task's early wake).
     settled: threading.Event = field(default_factory=threading.Event)
