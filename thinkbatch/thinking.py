@@ -121,6 +121,20 @@ def thinking_truncated(split: ThinkingSplit, *, reasoning_tokens: int, budget: i
     return split.truncated or closed_by_budget(reasoning_tokens=reasoning_tokens, budget=budget)
 
 
+def _last_think_tag(
+    prompt_ids: Sequence[int], start_id: int | None, end_id: int | None, turn_start_id: int | None
+) -> int | None:
+    """The last `<think>` or `</think>` id of the prompt's last chat turn, or None. Scans back
+    from the end, stopping at the start of that turn, so that a tag in an earlier message does
+    not count."""
+    for token in reversed(prompt_ids):
+        if token == start_id or token == end_id:
+            return token
+        if token == turn_start_id:
+            return None
+    return None
+
+
 def prompt_opens_thinking(
     prompt_ids: Sequence[int],
     *,
@@ -128,19 +142,10 @@ def prompt_opens_thinking(
     end_id: int | None,
     turn_start_id: int | None = None,
 ) -> bool:
-    """Whether the prompt leaves a `<think>` open for the model (thinking-only templates).
-
-    Scans back from the end of the prompt, stopping at the start of the last chat turn, so that
-    a literal `<think>` in an earlier user message does not count.
-    """
+    """Whether the prompt leaves a `<think>` open for the model (thinking-only templates)."""
     if start_id is None:
         return False
-    for token in reversed(prompt_ids):
-        if token == start_id:
-            return True
-        if token == end_id or token == turn_start_id:
-            return False
-    return False
+    return _last_think_tag(prompt_ids, start_id, end_id, turn_start_id) == start_id
 
 
 def prompt_closes_thinking(
@@ -151,13 +156,7 @@ def prompt_closes_thinking(
     turn_start_id: int | None = None,
 ) -> bool:
     """Whether the prompt's last chat turn already holds a closed thinking block (a template
-    that turns thinking off writes an empty one): the model's output is then the answer.
-    Scans back as prompt_opens_thinking does."""
+    that turns thinking off writes an empty one): the model's output is then the answer."""
     if end_id is None:
         return False
-    for token in reversed(prompt_ids):
-        if token == end_id:
-            return True
-        if token == start_id or token == turn_start_id:
-            return False
-    return False
+    return _last_think_tag(prompt_ids, start_id, end_id, turn_start_id) == end_id

@@ -590,7 +590,7 @@ class VLLMEngine:
             # Stop strings go to vLLM where the item does not think: the prompt closed the
             # block (a template's thinking off) or the output is the answer. Otherwise
             # generate finds them: a template may ignore enable_thinking and its model think.
-            closed = prompt_closes_thinking(
+            closed = bool(params.stop) and prompt_closes_thinking(
                 ids[i],
                 start_id=self.think.start_id,
                 end_id=self.think.end_id,
