@@ -2,7 +2,8 @@
 embedded PostgreSQL and Redis, called through Flask's test client, so that no HTTP server or
 client enters the figures. A status call of a job underway (authentication, the failed-auth
 limiter, the job read, the live workers while the job has pending items, serialization, access
-log, logged as the API logs, and metrics) and an items page of 100 finished items, each with
+log, logged as the API logs, and metrics), an items page of 100 finished items and the JSONL
+results of a finished job of 100 items (what a poller downloads once its job is done), each with
 the Postgres CPU it cost (the embedded cluster's, psutil); `make bench-scale` times the same
 calls over HTTP. With `--stages`, one more round of each, after those, prints the call's CPU by
 stage: each request hook and the view (bench/request_stages.py).
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 import sqlalchemy as sa
+from flask.testing import FlaskClient
 
 from api import create_app
 from bench.cpu import cpu_snapshot
@@ -58,17 +60,25 @@ def main() -> int:
         fill_results(settings.require_database_url(), done.json["id"])
         underway(settings.require_database_url(), created.json["id"])
         page = f"/v1/jobs/{done.json['id']}/items?limit=100"
+        small = client.post("/v1/jobs", json={"items": items[:100]})
+        assert small.status_code == 201 and small.json is not None, small.text
+        fill_results(settings.require_database_url(), small.json["id"])
+        results = f"/v1/jobs/{small.json['id']}/results"
         figures = {}
-        reads = (("status", status, args.calls), ("page", page, args.calls // 4))
+        reads = (
+            ("status", status, args.calls),
+            ("page", page, args.calls // 4),
+            ("results", results, args.calls // 4),
+        )
         for name, path, calls in reads:
             for _ in range(100):  # warm: statement caches, the pool, the stats cache
-                client.get(path)
+                _read(client, path)
             rounds, postgres = [], []
             for _ in range(args.rounds):
                 before = cpu_snapshot("poll")
                 cpu = time.process_time()
                 for _ in range(calls):
-                    assert client.get(path).status_code == 200
+                    _read(client, path)
                 rounds.append((time.process_time() - cpu) * 1000 / calls)
                 postgres.append(cpu_used(before, "poll").get("postgres", 0.0) * 1000 / calls)
             figures[name] = (rounds, postgres, calls)
@@ -80,7 +90,7 @@ def main() -> int:
                 stages.reset()
                 cpu = time.thread_time()
                 for _ in range(calls):
-                    assert client.get(path).status_code == 200
+                    _read(client, path)
                 split[name] = report(stages.cpu(), time.thread_time() - cpu, calls)
         services = app.extensions["thinkbatch"]  # closed before the servers stop
         services.engine.dispose()
@@ -88,6 +98,7 @@ def main() -> int:
     for name, what in (
         ("status", f"status call of a {args.items}-item job underway"),
         ("page", "items page of 100 finished items"),
+        ("results", "results of a finished 100-item job"),
     ):
         rounds, postgres, calls = figures[name]
         print(
@@ -100,6 +111,12 @@ def main() -> int:
             print(f"{name}, CPU per call by stage (one round of {calls}):")
             print("\n".join(split[name]))
     return 0
+
+
+def _read(client: FlaskClient, path: str) -> None:
+    response = client.get(path)
+    response.get_data()  # a streamed body (the results) runs only as it is read
+    assert response.status_code == 200, response.status_code
 
 
 def underway(database_url: str, job_id: str) -> None:

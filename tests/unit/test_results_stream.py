@@ -52,9 +52,9 @@ def test_an_abandoned_download_leaves_its_connection_clean(
     _widen(db, job_id)  # more than the sockets hold
     with engine.connect() as conn:
         first = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
-    for _ in range(3):  # each abandoned at a different point: in the first chunk and later
+    for taken in (10, 1200, 2400):  # abandoned in the head, in the rest's first chunk and later
         rows = results.stream(engine, results.query(job_id), batch=1000)
-        for _ in range(1200):
+        for _ in range(taken):
             next(rows)
         rows.close()  # what the WSGI server does when the client goes away
         with engine.connect() as conn:
@@ -101,6 +101,30 @@ def test_a_client_that_pauses_gets_the_whole_download(
         assert all(len(r.error_message or "") == 16000 for r in seen)
     finally:
         engine.dispose()
+
+
+def test_a_small_download_is_one_prepared_statement_planned_once(
+    db: sa.Engine, settings: Settings, engine: sa.Engine
+) -> None:
+    """A job no larger than the head is read whole by its prepared statement: on the pooled
+    connection, each later download of any job of that shape runs the statement Postgres
+    already holds, and nothing is streamed past the head (exactly `batch` rows: a rest that
+    finds nothing)."""
+    small = seed_job(db, settings, n=40)
+    exact = seed_job(db, settings, n=50)
+    for job_id, n in ((small, 40), (exact, 50), (small, 40)):
+        rows = list(results.of_job(engine, job_id, batch=50))
+        assert [r.seq for r in rows] == list(range(n))
+    with engine.connect() as conn:
+        prepared = (
+            conn.execute(
+                sa.text("SELECT statement FROM pg_prepared_statements WHERE statement LIKE :s"),
+                {"s": "%FROM items LEFT OUTER JOIN item_results%LIMIT $2%"},
+            )
+            .scalars()
+            .all()
+        )
+    assert len(prepared) == 1
 
 
 def test_a_missing_job_streams_nothing(db: sa.Engine, engine: sa.Engine) -> None:

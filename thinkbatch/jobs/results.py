@@ -9,6 +9,7 @@ client downloading 100,000 answers need not pay for the reasoning).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import uuid
@@ -221,9 +222,27 @@ def row(values: sa.Row[Any] | tuple[Any, ...]) -> ResultRow:
     return ResultRow(*fields)
 
 
+@dataclass(frozen=True, slots=True)
+class Download:
+    """A download's statement in two parts, each compiled once: its first rows (`head_rows`
+    of them) as a server-side prepared statement, and the rows after those, streamed. Most
+    downloads are a small job's, read whole by the head: Postgres plans it once per pooled
+    connection, where a statement streamed was planned on every call: a 100-item job's download
+    costs it 0.76x the CPU it did (`python -m bench.download`). `select` must be ordered by a
+    key unique in its rows (a job's items by `seq`): the rest is the same order past the head."""
+
+    head: Prepared
+    rest: Prepared
+
+    @classmethod
+    def of(cls, select: sa.Select[Any]) -> Download:
+        rows = sa.bindparam("head_rows", type_=sa.Integer)
+        return cls(Prepared(select.limit(rows)), Prepared(select.offset(rows)))
+
+
 def stream(
     engine: sa.Engine,
-    statement: sa.Select[Any] | Prepared,
+    statement: sa.Select[Any] | Download,
     params: dict[str, object] | None = None,
     batch: int = 1000,
 ) -> Iterator[ResultRow]:
@@ -231,35 +250,51 @@ def stream(
     job, and one download sees one snapshot.
 
     The statement is SQLAlchemy's, compiled once (`download_statement` keeps each shape's
-    compiled text; `params` are its values); its rows are read in libpq's chunked mode
-    (psycopg's `Cursor.stream`, libpq 17 or later: the binary wheel's), `batch` rows a chunk,
-    as the plain tuples psycopg makes of them. A named cursor's FETCH took a round trip per
-    chunk, during which neither side worked: 0.3 s of a 100k-item download here. Through
-    SQLAlchemy's result, each row also became a Row with its columns' result processing.
-    A download that stops early (the client went away) cancels the statement; psycopg then
-    drains what was already sent, and the connection goes back to the pool clean."""
-    prepared = statement if isinstance(statement, Prepared) else Prepared(statement)
-    values = {**prepared.defaults, **(params or {})}
+    compiled text; `params` are its values). Its first `batch` rows come from one prepared
+    statement (`Download`); the rest, if any, in libpq's chunked mode (psycopg's
+    `Cursor.stream`, libpq 17 or later: the binary wheel's), `batch` rows a chunk, as the
+    plain tuples psycopg makes of them, in the same transaction, which is REPEATABLE READ so
+    that both parts read the snapshot the first one took. A named cursor's FETCH took a round
+    trip per chunk, during which neither side worked: 0.3 s of a 100k-item download here.
+    Through SQLAlchemy's result, each row also became a Row with its columns' result
+    processing. A download that stops early (the client went away) cancels the statement;
+    psycopg then drains what was already sent, and the connection goes back to the pool
+    clean."""
+    download = statement if isinstance(statement, Download) else Download.of(statement)
+    values = {**download.head.defaults, **(params or {}), "head_rows": batch}
     with engine.connect() as conn:
         driver = conn.connection.driver_connection
         assert driver is not None
         with driver.cursor() as cursor:
-            # The rows are pushed as fast as the client takes them; one that pauses leaves this
-            # backend blocked on a full socket. The session's tcp_user_timeout (a dead peer's
-            # bound, thinkbatch/db.py) would end it after WORKER_DEAD_AFTER_S of that, and an
-            # operator's statement_timeout would cut a long download: both are about Postgres's
-            # work, which here is paced by the client. Off for this transaction only; a dead
-            # API host still ends it when the kernel gives up retransmitting.
-            cursor.execute(_UNBOUNDED)
-            for row_values in cursor.stream(prepared.sql, values, size=_chunk(batch)):
+            cursor.execute(_ONE_SNAPSHOT_UNBOUNDED)
+            cursor.execute(download.head.sql, values, prepare=True)
+            head = cursor.fetchall()
+            for row_values in head:
                 yield ResultRow(*row_values)
+            if len(head) == batch:
+                # Closed as the download stops: closing psycopg's stream cancels the statement,
+                # which otherwise runs on until its last row is sent, as the connection's
+                # close waits for it.
+                rest = cursor.stream(download.rest.sql, values, size=_chunk(batch))
+                with contextlib.closing(rest):
+                    for row_values in rest:
+                        yield ResultRow(*row_values)
         # Ended by a commit, which for these reads is what a rollback is, but a rollback drops
         # the connection's prepared statements (psycopg), those of the polls that take this
         # pooled connection next (tests/unit/test_plan_reuse.py).
         driver.commit()
 
 
-_UNBOUNDED = (
+# One round trip before the rows (no parameters: psycopg sends both statements as one simple
+# query, the first of the transaction). The snapshot: the head and the rest are two
+# statements. The bounds: the rest's rows are pushed as fast as the client takes them; one
+# that pauses leaves this backend blocked on a full socket. The session's tcp_user_timeout (a
+# dead peer's bound, thinkbatch/db.py) would end it after WORKER_DEAD_AFTER_S of that, and an
+# operator's statement_timeout would cut a long download: both are about Postgres's work,
+# which here is paced by the client. Off for this transaction only; a dead API host still
+# ends it when the kernel gives up retransmitting.
+_ONE_SNAPSHOT_UNBOUNDED = (
+    "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY; "
     "SELECT set_config('tcp_user_timeout', '0', true), set_config('statement_timeout', '0', true)"
 )
 
@@ -273,12 +308,12 @@ def _chunk(batch: int) -> int:
 @functools.cache
 def download_statement(
     *, status: ItemStatus | None, succeeded: bool | None, include_thinking: bool
-) -> Prepared:
+) -> Download:
     """A job's rows (`query`) of one shape, its job bound as `job_id`, compiled once per
     process. Compiling the statement for each download took about 1.5 ms of the API's CPU, 15%
     of all of it under `make bench-scale`'s load run, where a fifth of the calls download a
     small job's results."""
-    return Prepared(
+    return Download.of(
         query(
             sa.bindparam("job_id", type_=sa.Uuid),
             status=status,
@@ -295,10 +330,12 @@ def of_job(
     status: ItemStatus | None = None,
     succeeded: bool | None = None,
     include_thinking: bool = True,
+    batch: int = 1000,
 ) -> Iterator[ResultRow]:
-    """The job's rows, streamed (query and stream above). Unscoped: the caller checked the
-    job's ownership, or is the system itself (a worker making a batch's files)."""
+    """The job's rows, streamed (query and stream above), `batch` rows a chunk. Unscoped: the
+    caller checked the job's ownership, or is the system itself (a worker making a batch's
+    files)."""
     statement = download_statement(
         status=status, succeeded=succeeded, include_thinking=include_thinking
     )
-    return stream(engine, statement, {"job_id": job_id})
+    return stream(engine, statement, {"job_id": job_id}, batch=batch)
